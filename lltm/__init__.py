@@ -1,0 +1,22 @@
+"""lltm: the LLTM recurrent cell as a PyTorch extension.
+
+    import lltm
+    cell = lltm.LLTMCell(32, 128)            # backend="auto"
+    h, c = cell(x)                            # x: (batch, 32)
+    layer = lltm.LLTM(32, 128, num_layers=2)
+    out, (h_n, c_n) = layer(seq)              # seq: (T, batch, 32)
+    lltm.backends("cuda")                     # {"python": True, "aten": True, "fused": True}
+
+Backends: "python" (pure PyTorch), "aten" (C++ with ATen ops) and "fused"
+(hand-written kernels), the last two as torch.ops.lltm custom operators.
+"""
+
+from lltm import _extension
+from lltm import functional
+from lltm._backends import backends
+from lltm.modules import LLTM, LLTMCell
+
+__version__ = "0.1.0"
+__all__ = ["LLTM", "LLTMCell", "backends", "functional", "__version__"]
+
+_extension.preload_prebuilt()

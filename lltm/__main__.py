@@ -1,0 +1,3 @@
+from lltm.cli import main
+
+raise SystemExit(main())

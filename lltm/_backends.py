@@ -1,0 +1,78 @@
+"""Which backends this install can run, and how "auto" chooses."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from lltm import _extension
+
+NAMES = ("python", "aten", "fused")
+# "auto" takes the first available in this order: fastest first.
+AUTO_ORDER = ("fused", "aten", "python")
+
+# (backend, device type) -> available; filled lazily, read on every call.
+_cache: dict[tuple[str, str], bool] = {}
+
+
+def _has_kernel(op: str, key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"lltm::{op}", key)
+
+
+def _compute(name: str, device_type: str) -> bool:
+    if name == "python":
+        return True
+    if _extension.try_load() is None:
+        return False
+    if name == "aten":  # ATen ops: every device torch itself supports
+        return _has_kernel("aten_cell_forward", "CompositeExplicitAutograd")
+    # fused: a kernel compiled for this device's dispatch key
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
+    return key is not None and _has_kernel("fused_cell_forward", key)
+
+
+def is_available(name: str, device_type: str) -> bool:
+    key = (name, device_type)
+    if key not in _cache:
+        _cache[key] = _compute(name, device_type)
+    return _cache[key]
+
+
+def backends(device: Optional[Union[str, torch.device]] = None) -> dict[str, bool]:
+    """{backend name: available} for `device` (default: torch's default device).
+
+    Asking may build the extension just in time (once) when no prebuilt one is
+    installed.
+    """
+    dev = torch.device(device) if device is not None else torch.get_default_device()
+    return {name: is_available(name, dev.type) for name in NAMES}
+
+
+def _unavailable(backend: str, device_type: str) -> str:
+    have = [n for n in NAMES if is_available(n, device_type)]
+    msg = f"lltm: backend {backend!r} is not available on {device_type}; available: {', '.join(have)}"
+    if backend in ("aten", "fused") and _extension.load_error():
+        msg += f". {_extension.load_error()}"
+    elif backend == "fused":
+        msg += " (the fused kernels are built for CUDA devices only)"
+    return msg
+
+
+# Runs eagerly even under torch.compile: the choice is a constant of the graph.
+@torch.compiler.assume_constant_result
+def resolve(backend: str, device_type: str) -> str:
+    """Maps the `backend=` argument to a concrete backend for a device type."""
+    if backend == "auto":
+        for name in AUTO_ORDER:
+            if is_available(name, device_type):
+                return name
+    if backend not in NAMES:
+        have = ", ".join(repr(n) for n in NAMES if is_available(n, device_type))
+        raise ValueError(
+            f"lltm: unknown backend {backend!r}; choose 'auto' or one of {', '.join(map(repr, NAMES))} "
+            f"(available on {device_type}: {have})"
+        )
+    if not is_available(backend, device_type):
+        raise RuntimeError(_unavailable(backend, device_type))
+    return backend

@@ -1,0 +1,99 @@
+"""Argument checks of the cell, in Python.
+
+Used by the pure-PyTorch backend and the fake kernels, so every backend (and
+torch.compile's tracing) rejects bad input with the same message and exception
+type as the C++ checks in csrc/common.cpp: ValueError for shapes, TypeError for
+dtypes, RuntimeError for a device mix.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+_INPUT = "(batch, input_features)"
+_WEIGHTS = "(3 * state_size, state_size + input_features)"
+_STATE = "(batch, state_size)"
+
+
+def _shape(t: Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def _rank(op: str, t: Optional[Tensor], name: str, rank: int, layout: str) -> None:
+    if not isinstance(t, Tensor):
+        raise ValueError(f"{op}: {name} is {type(t).__name__}; expected a tensor {layout}")
+    if t.dim() != rank:
+        raise ValueError(
+            f"{op}: expected {name} to be a {rank}-D tensor {layout}, "
+            f"but got a {t.dim()}-D tensor of shape {_shape(t)}"
+        )
+
+
+def _sizes(op: str, t: Tensor, name: str, expected: tuple, layout: str) -> None:
+    if tuple(t.shape) != tuple(expected):
+        want = "[" + ", ".join(str(s) for s in expected) + "]"
+        raise ValueError(f"{op}: expected {name} of shape {layout} = {want}, but got {_shape(t)}")
+
+
+def _like(op: str, t: Tensor, name: str, ref: Tensor) -> None:
+    if t.dtype != ref.dtype:
+        raise TypeError(
+            f"{op}: expected {name} to have dtype {_dtype(ref.dtype)} like input, "
+            f"but got {_dtype(t.dtype)} (cast all arguments to one dtype)"
+        )
+    if t.device != ref.device:
+        raise RuntimeError(
+            f"{op}: expected {name} on device {ref.device} like input, "
+            f"but got {t.device} (move all arguments to one device)"
+        )
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    # Same spelling as c10's ScalarType names in the C++ messages.
+    return {
+        torch.float32: "Float",
+        torch.float64: "Double",
+        torch.float16: "Half",
+        torch.bfloat16: "BFloat16",
+    }.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def check_cell_args(
+    op: str,
+    input: Tensor,
+    weights: Tensor,
+    bias: Optional[Tensor],
+    old_h: Tensor,
+    old_cell: Tensor,
+) -> tuple[int, int, int]:
+    """Validates a cell's arguments; returns (batch, input_features, state_size)."""
+    _rank(op, input, "input", 2, _INPUT)
+    if input.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"{op}: expected input of a floating dtype (float32, float64, float16 "
+            f"or bfloat16), but got {_dtype(input.dtype)}"
+        )
+    _rank(op, weights, "weights", 2, _WEIGHTS)
+    if weights.shape[0] % 3 != 0:
+        raise ValueError(
+            f"{op}: expected weights.size(0) to be 3 * state_size, but got "
+            f"{weights.shape[0]} (not a multiple of 3)"
+        )
+    batch, features = input.shape
+    state = weights.shape[0] // 3
+    _sizes(op, weights, "weights", (3 * state, state + features), _WEIGHTS)
+    _like(op, weights, "weights", input)
+    if bias is not None:
+        _rank(op, bias, "bias", 1, "(3 * state_size,)")
+        _sizes(op, bias, "bias", (3 * state,), "(3 * state_size,)")
+        _like(op, bias, "bias", input)
+    for t, name in ((old_h, "old_h"), (old_cell, "old_cell")):
+        _rank(op, t, name, 2, _STATE)
+        _sizes(op, t, name, (batch, state), _STATE)
+        _like(op, t, name, input)
+    return batch, features, state

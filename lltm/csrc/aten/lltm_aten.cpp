@@ -1,0 +1,96 @@
+// "aten" backend: the cell's forward and backward written with ATen ops, so it
+// runs on every device ATen supports. Registered as CompositeExplicitAutograd:
+// one kernel for all backends, autograd provided by autograd.cpp.
+//
+// The op count is kept low on purpose: at the tutorial's size (16 x 32 x 128)
+// each ATen call costs more than its arithmetic. The activations are applied
+// in place on the GEMM output, and backward uses ATen's fused derivative
+// kernels (sigmoid_backward, tanh_backward, elu_backward) instead of spelling
+// each derivative out of several elementwise ops.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "../lltm.h"
+
+namespace lltm {
+
+CellForwardResult aten_cell_forward(const at::Tensor& input,
+                                    const at::Tensor& weights,
+                                    const std::optional<at::Tensor>& bias,
+                                    const at::Tensor& old_h,
+                                    const at::Tensor& old_cell) {
+  check_cell_forward_args("lltm::aten_cell_forward", input, weights, bias,
+                          old_h, old_cell);
+  const int64_t state = weights.size(0) / 3;
+  // X = [old_h, input]: (B, S + I); gates = X W^T + b: (B, 3S)
+  const at::Tensor X = at::cat({old_h, input}, 1);
+  at::Tensor gates = (bias.has_value() && bias->defined())
+                         ? at::addmm(*bias, X, weights.t())
+                         : at::mm(X, weights.t());
+  // gates <- [sigmoid(i), sigmoid(o), elu(c)], in place (gates is ours).
+  gates.narrow(1, 0, 2 * state).sigmoid_();
+  at::Tensor candidate = gates.narrow(1, 2 * state, state);
+  at::elu_(candidate);
+  const at::Tensor input_gate = gates.narrow(1, 0, state);
+  const at::Tensor output_gate = gates.narrow(1, state, state);
+  // c' = c + elu(c~) * sigmoid(i);  h' = tanh(c') * sigmoid(o)
+  at::Tensor new_cell = at::addcmul(old_cell, candidate, input_gate);
+  at::Tensor new_h = at::tanh(new_cell).mul_(output_gate);
+  return {new_h, new_cell, gates};
+}
+
+CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
+                                      const at::Tensor& grad_cell,
+                                      const at::Tensor& new_cell,
+                                      const at::Tensor& gates,
+                                      const at::Tensor& input,
+                                      const at::Tensor& weights,
+                                      const at::Tensor& old_h) {
+  check_cell_backward_args("lltm::aten_cell_backward", grad_h, grad_cell,
+                           new_cell, gates, input, weights, old_h);
+  const int64_t state = weights.size(0) / 3;
+  const int64_t features = input.size(1);
+  const at::Tensor input_gate = gates.narrow(1, 0, state);
+  const at::Tensor output_gate = gates.narrow(1, state, state);
+  const at::Tensor candidate = gates.narrow(1, 2 * state, state);
+
+  const at::Tensor tanh_cell = at::tanh(new_cell);
+  // dL/dc' = grad_cell + grad_h * o * (1 - tanh(c')^2)
+  at::Tensor grad_old_cell =
+      at::tanh_backward(grad_h * output_gate, tanh_cell).add_(grad_cell);
+
+  // d_pre: gradient w.r.t. the gate pre-activations, (B, 3S).
+  at::Tensor d_pre = at::empty_like(gates, at::MemoryFormat::Contiguous);
+  at::Tensor d_input_gate = d_pre.narrow(1, 0, state);
+  at::Tensor d_output_gate = d_pre.narrow(1, state, state);
+  at::Tensor d_candidate = d_pre.narrow(1, 2 * state, state);
+  // d sigmoid(z) = s (1 - s)
+  at::sigmoid_backward_out(d_input_gate, grad_old_cell * candidate,
+                           input_gate);
+  at::sigmoid_backward_out(d_output_gate, grad_h * tanh_cell, output_gate);
+  // d elu(z) = 1 if z > 0 else elu(z) + 1, from the saved activation
+  at::elu_backward_out(d_candidate, grad_old_cell * input_gate, /*alpha=*/1,
+                       /*scale=*/1, /*input_scale=*/1, /*is_result=*/true,
+                       candidate);
+
+  // dX = d_pre W, split into [old_h, input] by multiplying with the two
+  // column blocks of W (no split copy); dW = d_pre^T X, written block-wise.
+  at::Tensor grad_old_h = d_pre.mm(weights.narrow(1, 0, state));
+  at::Tensor grad_input = d_pre.mm(weights.narrow(1, state, features));
+  at::Tensor grad_weights =
+      at::empty_like(weights, at::MemoryFormat::Contiguous);
+  at::Tensor grad_weights_h = grad_weights.narrow(1, 0, state);
+  at::Tensor grad_weights_x = grad_weights.narrow(1, state, features);
+  const at::Tensor d_pre_t = d_pre.t();
+  at::mm_out(grad_weights_h, d_pre_t, old_h);
+  at::mm_out(grad_weights_x, d_pre_t, input);
+  at::Tensor grad_bias = d_pre.sum(0);
+  return {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};
+}
+
+}  // namespace lltm
+
+TORCH_LIBRARY_IMPL(lltm, CompositeExplicitAutograd, m) {
+  m.impl("aten_cell_forward", &lltm::aten_cell_forward);
+  m.impl("aten_cell_backward", &lltm::aten_cell_backward);
+}

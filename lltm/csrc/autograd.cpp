@@ -1,0 +1,90 @@
+// Autograd for the cell operators, in C++ so that backward runs without the
+// Python interpreter (the engine calls straight into the backward op).
+//
+// One torch::autograd::Function serves every backend: forward calls the
+// backend's `<backend>_cell_forward` op below autograd and saves only what
+// backward needs (new_cell, the activated gates, the inputs); backward is the
+// backend's own `<backend>_cell_backward` op, called through the dispatcher
+// so torch.compile and torch.export see it as one operator.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "lltm.h"
+
+namespace lltm {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+using ForwardSig = CellForwardResult(const at::Tensor&, const at::Tensor&,
+                                     const std::optional<at::Tensor>&,
+                                     const at::Tensor&, const at::Tensor&);
+using BackwardSig = CellBackwardResult(const at::Tensor&, const at::Tensor&,
+                                       const at::Tensor&, const at::Tensor&,
+                                       const at::Tensor&, const at::Tensor&,
+                                       const at::Tensor&);
+
+struct AtenOps {
+  static constexpr const char* forward = "lltm::aten_cell_forward";
+  static constexpr const char* backward = "lltm::aten_cell_backward";
+};
+struct FusedOps {
+  static constexpr const char* forward = "lltm::fused_cell_forward";
+  static constexpr const char* backward = "lltm::fused_cell_backward";
+};
+
+template <typename Ops>
+class CellFunction : public torch::autograd::Function<CellFunction<Ops>> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const at::Tensor& weights,
+                               const std::optional<at::Tensor>& bias,
+                               const at::Tensor& old_h,
+                               const at::Tensor& old_cell) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow(Ops::forward, "")
+                               .template typed<ForwardSig>();
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [new_h, new_cell, gates] =
+        op.call(input, weights, bias, old_h, old_cell);
+    // old_cell is not needed: d new_cell / d old_cell = 1.
+    ctx->save_for_backward({new_cell, gates, input, weights, old_h});
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    ctx->mark_non_differentiable({gates});
+    return {new_h, new_cell, gates};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow(Ops::backward, "")
+                               .template typed<BackwardSig>();
+    const auto saved = ctx->get_saved_variables();
+    // grads[0..1]: new_h, new_cell (zeros when unused: grads are
+    // materialised); grads[2] belongs to the non-differentiable gates.
+    auto [grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell] =
+        op.call(grads[0], grads[1], saved[0], saved[1], saved[2], saved[3],
+                saved[4]);
+    if (!ctx->saved_data["has_bias"].toBool()) grad_bias = at::Tensor();
+    return {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};
+  }
+};
+
+template <typename Ops>
+CellForwardResult cell_forward_autograd(const at::Tensor& input,
+                                        const at::Tensor& weights,
+                                        const std::optional<at::Tensor>& bias,
+                                        const at::Tensor& old_h,
+                                        const at::Tensor& old_cell) {
+  auto out = CellFunction<Ops>::apply(input, weights, bias, old_h, old_cell);
+  return {out[0], out[1], out[2]};
+}
+
+}  // namespace
+}  // namespace lltm
+
+TORCH_LIBRARY_IMPL(lltm, Autograd, m) {
+  m.impl("aten_cell_forward", &lltm::cell_forward_autograd<lltm::AtenOps>);
+  m.impl("fused_cell_forward", &lltm::cell_forward_autograd<lltm::FusedOps>);
+}

@@ -1,0 +1,77 @@
+// Shared declarations of the lltm extension.
+//
+// Operator schemas live in ops.cpp (one TORCH_LIBRARY block); each backend
+// folder only adds TORCH_LIBRARY_IMPL registrations for the functions below.
+//
+// Shapes (B = batch, I = input features, S = state size):
+//   input    (B, I)          weights (3S, S + I)     bias (3S,) or none
+//   old_h    (B, S)          old_cell (B, S)
+//   new_h    (B, S)          new_cell (B, S)
+//   gates    (B, 3S)  activated gates [input_gate | output_gate | candidate]:
+//            sigmoid, sigmoid and elu of the pre-activations; saved for
+//            backward instead of the pre-activations (every derivative is a
+//            function of the activation, see the backward kernels).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+namespace lltm {
+
+using CellForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+// (grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell)
+using CellBackwardResult =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// Validates the arguments of a cell forward: ranks, matching sizes, one
+// floating dtype and one device for all tensors. Errors name the argument,
+// what was expected and what was given. `op` names the caller in messages.
+void check_cell_forward_args(const char* op, const at::Tensor& input,
+                             const at::Tensor& weights,
+                             const std::optional<at::Tensor>& bias,
+                             const at::Tensor& old_h,
+                             const at::Tensor& old_cell);
+
+// Validates the arguments of a cell backward against the forward's shapes.
+void check_cell_backward_args(const char* op, const at::Tensor& grad_h,
+                              const at::Tensor& grad_cell,
+                              const at::Tensor& new_cell,
+                              const at::Tensor& gates, const at::Tensor& input,
+                              const at::Tensor& weights,
+                              const at::Tensor& old_h);
+
+// ATen backend (aten/lltm_aten.cpp): ATen ops only, so it runs on any device.
+CellForwardResult aten_cell_forward(const at::Tensor& input,
+                                    const at::Tensor& weights,
+                                    const std::optional<at::Tensor>& bias,
+                                    const at::Tensor& old_h,
+                                    const at::Tensor& old_cell);
+CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
+                                      const at::Tensor& grad_cell,
+                                      const at::Tensor& new_cell,
+                                      const at::Tensor& gates,
+                                      const at::Tensor& input,
+                                      const at::Tensor& weights,
+                                      const at::Tensor& old_h);
+
+// Fused CUDA backend (cuda/lltm_cuda.cu), compiled only with CUDA.
+CellForwardResult fused_cell_forward_cuda(const at::Tensor& input,
+                                          const at::Tensor& weights,
+                                          const std::optional<at::Tensor>& bias,
+                                          const at::Tensor& old_h,
+                                          const at::Tensor& old_cell);
+CellBackwardResult fused_cell_backward_cuda(const at::Tensor& grad_h,
+                                            const at::Tensor& grad_cell,
+                                            const at::Tensor& new_cell,
+                                            const at::Tensor& gates,
+                                            const at::Tensor& input,
+                                            const at::Tensor& weights,
+                                            const at::Tensor& old_h);
+// Space-separated list of the SM architectures the CUDA sources were built
+// for (e.g. "90"), read from nvcc's __CUDA_ARCH_LIST__.
+std::string cuda_arch_list();
+
+}  // namespace lltm

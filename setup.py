@@ -1,0 +1,52 @@
+"""Ahead-of-time build of lltm._C.
+
+    pip install --no-build-isolation .        # or -e . for development
+
+Environment switches:
+    USE_CUDA=0|1   force the CPU-only or the CUDA build (default: CUDA when
+                   torch is a CUDA build and a CUDA toolkit is found)
+    DEBUG=1        -O0 -g (and -G for device code)
+    MAX_JOBS, TORCH_CUDA_ARCH_LIST are read by torch.utils.cpp_extension.
+"""
+
+import importlib.util
+import os
+
+from setuptools import setup
+from torch.utils import cpp_extension
+
+
+def _load_sources_module():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lltm", "_sources.py")
+    spec = importlib.util.spec_from_file_location("lltm_sources", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _want_cuda() -> bool:
+    flag = os.environ.get("USE_CUDA")
+    if flag is not None:
+        return flag not in ("0", "", "false", "OFF")
+    import torch
+
+    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+
+
+def _extension():
+    src = _load_sources_module()
+    with_cuda = _want_cuda()
+    debug = os.environ.get("DEBUG", "0") == "1"
+    root = os.path.dirname(os.path.abspath(__file__))
+    sources = [os.path.relpath(p, root) for p in src.sources(with_cuda)]
+    kind = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension
+    extra = {"cxx": src.cxx_flags(with_cuda, debug)}
+    if with_cuda:
+        extra["nvcc"] = src.nvcc_flags(debug)
+    return kind("lltm._C", sources, extra_compile_args=extra)
+
+
+setup(
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension},
+)
