@@ -37,14 +37,11 @@ def _backward_fake(
     input: Tensor,
     weights: Tensor,
     old_h: Tensor,
+    output_mask: list[bool],
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return (
-        input.new_empty(input.shape),
-        weights.new_empty(weights.shape),
-        weights.new_empty((weights.shape[0],)),
-        old_h.new_empty(old_h.shape),
-        new_cell.new_empty(new_cell.shape),
-    )
+    shapes = (input.shape, weights.shape, (weights.shape[0],), old_h.shape, new_cell.shape)
+    # An output not asked for is an empty (0,) placeholder.
+    return tuple(input.new_empty(shape if asked else (0,)) for shape, asked in zip(shapes, output_mask))
 
 
 for _backend in BACKENDS_WITH_OPS:

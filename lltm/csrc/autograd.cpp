@@ -24,7 +24,7 @@ using ForwardSig = CellForwardResult(const at::Tensor&, const at::Tensor&,
 using BackwardSig = CellBackwardResult(const at::Tensor&, const at::Tensor&,
                                        const at::Tensor&, const at::Tensor&,
                                        const at::Tensor&, const at::Tensor&,
-                                       const at::Tensor&);
+                                       const at::Tensor&, OutputMask);
 
 struct AtenOps {
   static constexpr const char* forward = "lltm::aten_cell_forward";
@@ -63,11 +63,26 @@ class CellFunction : public torch::autograd::Function<CellFunction<Ops>> {
     const auto saved = ctx->get_saved_variables();
     // grads[0..1]: new_h, new_cell (zeros when unused: grads are
     // materialised); grads[2] belongs to the non-differentiable gates.
+    // Gradients nobody needs (inputs without requires_grad, a missing bias)
+    // are not computed; the op returns empty placeholders for them.
+    // Autograd edges exist only for tensor arguments: without a bias, old_h
+    // and old_cell are edges 2 and 3.
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const size_t state_edge = has_bias ? 3 : 2;
+    const OutputMask mask = {
+        ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+        has_bias && ctx->needs_input_grad(2),
+        ctx->needs_input_grad(state_edge),
+        ctx->needs_input_grad(state_edge + 1)};
     auto [grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell] =
         op.call(grads[0], grads[1], saved[0], saved[1], saved[2], saved[3],
-                saved[4]);
-    if (!ctx->saved_data["has_bias"].toBool()) grad_bias = at::Tensor();
-    return {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};
+                saved[4], mask);
+    variable_list out = {grad_input, grad_weights, grad_bias, grad_old_h,
+                         grad_old_cell};
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (!mask[i]) out[i] = at::Tensor();
+    }
+    return out;
   }
 };
 

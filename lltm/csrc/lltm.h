@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -25,6 +26,9 @@ using CellForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 // (grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell)
 using CellBackwardResult =
     std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+// Which of the five backward outputs to compute, in the order above. An
+// output not asked for is returned as an empty tensor of shape (0,).
+using OutputMask = std::array<bool, 5>;
 
 // Validates the arguments of a cell forward: ranks, matching sizes, one
 // floating dtype and one device for all tensors. Errors name the argument,
@@ -55,7 +59,8 @@ CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
                                       const at::Tensor& gates,
                                       const at::Tensor& input,
                                       const at::Tensor& weights,
-                                      const at::Tensor& old_h);
+                                      const at::Tensor& old_h,
+                                      OutputMask output_mask);
 
 // Fused CUDA backend (cuda/lltm_cuda.cu), compiled only with CUDA.
 CellForwardResult fused_cell_forward_cuda(const at::Tensor& input,
@@ -69,7 +74,8 @@ CellBackwardResult fused_cell_backward_cuda(const at::Tensor& grad_h,
                                             const at::Tensor& gates,
                                             const at::Tensor& input,
                                             const at::Tensor& weights,
-                                            const at::Tensor& old_h);
+                                            const at::Tensor& old_h,
+                                            OutputMask output_mask);
 // Space-separated list of the SM architectures the CUDA sources were built
 // for (e.g. "90"), read from nvcc's __CUDA_ARCH_LIST__.
 std::string cuda_arch_list();

@@ -28,14 +28,17 @@ std::string build_info() {
 TORCH_LIBRARY(lltm, m) {
   // One schema per (backend, direction), identical across backends. Every
   // backend returns the same shapes and strides on every device, so one fake
-  // kernel per schema serves all of them.
+  // kernel per schema serves all of them. A backward output whose
+  // output_mask entry is false is not computed and comes back as an empty
+  // tensor of shape (0,) (its GEMM is skipped: inputs that need no gradient).
   m.def(
       "aten_cell_forward(Tensor input, Tensor weights, Tensor? bias, "
       "Tensor old_h, Tensor old_cell) -> "
       "(Tensor new_h, Tensor new_cell, Tensor gates)");
   m.def(
       "aten_cell_backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, "
-      "Tensor gates, Tensor input, Tensor weights, Tensor old_h) -> "
+      "Tensor gates, Tensor input, Tensor weights, Tensor old_h, "
+      "bool[5] output_mask) -> "
       "(Tensor grad_input, Tensor grad_weights, Tensor grad_bias, "
       "Tensor grad_old_h, Tensor grad_old_cell)");
   m.def(
@@ -44,7 +47,8 @@ TORCH_LIBRARY(lltm, m) {
       "(Tensor new_h, Tensor new_cell, Tensor gates)");
   m.def(
       "fused_cell_backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, "
-      "Tensor gates, Tensor input, Tensor weights, Tensor old_h) -> "
+      "Tensor gates, Tensor input, Tensor weights, Tensor old_h, "
+      "bool[5] output_mask) -> "
       "(Tensor grad_input, Tensor grad_weights, Tensor grad_bias, "
       "Tensor grad_old_h, Tensor grad_old_cell)");
   m.def("_build_info() -> str", &build_info);
