@@ -1,0 +1,118 @@
+// Device-side math of the LLTM cell, shared by every CUDA kernel.
+//
+// Arithmetic runs in `acc_t` = at::opmath_type<scalar_t>: float for float,
+// half and bfloat16, double for double. Each function has a float and a
+// double overload, so double never goes through a float-only routine (the
+// tutorial's fmax/fmin on doubles truncated to float and failed gradcheck).
+#pragma once
+
+#include <ATen/OpMathType.h>
+#include <c10/macros/Macros.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+
+namespace lltm {
+namespace cuda_detail {
+
+// sigmoid(z) = 1 / (1 + e^-z)
+__device__ __forceinline__ float sigmoid(float z) {
+  return 1.0f / (1.0f + expf(-z));
+}
+__device__ __forceinline__ double sigmoid(double z) {
+  return 1.0 / (1.0 + exp(-z));
+}
+
+// elu(z) = z for z > 0, e^z - 1 otherwise (alpha = 1)
+__device__ __forceinline__ float elu(float z) {
+  return z > 0.0f ? z : expm1f(z);
+}
+__device__ __forceinline__ double elu(double z) {
+  return z > 0.0 ? z : expm1(z);
+}
+
+__device__ __forceinline__ float tanh_(float z) { return tanhf(z); }
+__device__ __forceinline__ double tanh_(double z) { return tanh(z); }
+
+// One cell step from the gate pre-activations (bias included).
+template <typename acc_t>
+struct CellForward {
+  acc_t input_gate, output_gate, candidate, new_cell, new_h;
+
+  __device__ __forceinline__ CellForward(acc_t z_i, acc_t z_o, acc_t z_c,
+                                         acc_t old_cell) {
+    input_gate = sigmoid(z_i);
+    output_gate = sigmoid(z_o);
+    candidate = elu(z_c);
+    new_cell = old_cell + candidate * input_gate;  // c' = c + elu(z_c) * i
+    new_h = tanh_(new_cell) * output_gate;         // h' = tanh(c') * o
+  }
+};
+
+// Gradients of one cell step with respect to the gate pre-activations and the
+// old cell, from the saved activations (every derivative is a function of
+// the activation, so the pre-activations are never stored).
+template <typename acc_t>
+struct CellBackward {
+  acc_t d_input, d_output, d_candidate;  // d loss / d pre-activation
+  acc_t d_cell;                          // d loss / d old_cell = d loss / d c'
+
+  __device__ __forceinline__ CellBackward(acc_t grad_h, acc_t grad_cell,
+                                          acc_t new_cell, acc_t input_gate,
+                                          acc_t output_gate,
+                                          acc_t candidate) {
+    const acc_t one = acc_t(1);
+    const acc_t t = tanh_(new_cell);
+    // d h' / d o = tanh(c');  d tanh(c') = 1 - tanh(c')^2
+    const acc_t d_og = grad_h * t;
+    d_cell = grad_cell + grad_h * output_gate * (one - t * t);
+    const acc_t d_ig = d_cell * candidate;   // d c' / d i = elu(z_c)
+    const acc_t d_cand = d_cell * input_gate;  // d c' / d elu(z_c) = i
+    // d sigmoid(z) = s (1 - s)
+    d_input = d_ig * input_gate * (one - input_gate);
+    d_output = d_og * output_gate * (one - output_gate);
+    // d elu(z) = 1 for z > 0, elu(z) + 1 otherwise
+    d_candidate = d_cand * (candidate > acc_t(0) ? one : candidate + one);
+  }
+};
+
+// V consecutive elements, aligned so that one 16-byte (or narrower) memory
+// instruction moves them.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T val[V];
+};
+
+template <typename acc_t, typename T, int V>
+__device__ __forceinline__ void load_pack(const T* p, acc_t (&out)[V]) {
+  const Pack<T, V> pack = *reinterpret_cast<const Pack<T, V>*>(p);
+#pragma unroll
+  for (int v = 0; v < V; ++v) out[v] = static_cast<acc_t>(pack.val[v]);
+}
+
+// Loads V elements of a row, element v at p[v * col_stride]; one vector load
+// when the caller has checked that they are contiguous and aligned.
+template <typename acc_t, typename T, int V>
+__device__ __forceinline__ void load_pack_strided(const T* p,
+                                                  int64_t col_stride,
+                                                  bool vectorized,
+                                                  acc_t (&out)[V]) {
+  if (vectorized) {
+    load_pack<acc_t, T, V>(p, out);
+  } else {
+#pragma unroll
+    for (int v = 0; v < V; ++v) out[v] = static_cast<acc_t>(p[v * col_stride]);
+  }
+}
+
+template <typename acc_t, typename T, int V>
+__device__ __forceinline__ void store_pack(T* p, const acc_t (&in)[V]) {
+  Pack<T, V> pack;
+#pragma unroll
+  for (int v = 0; v < V; ++v) pack.val[v] = static_cast<T>(in[v]);
+  *reinterpret_cast<Pack<T, V>*>(p) = pack;
+}
+
+}  // namespace cuda_detail
+}  // namespace lltm

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Compile-only check of every CUDA source (lltm/csrc/cuda/*.cu) with nvcc
+# against the installed torch's headers, for sm_90, with the flags
+# torch.utils.cpp_extension uses. Needs no GPU and no CUDA build of torch, so
+# CI catches a kernel that does not compile.
+#
+#   scripts/check_cuda_compile.sh [--resource-usage] [FILE.cu ...]
+#
+# --resource-usage prints ptxas's registers / shared memory / spills per
+# kernel. Environment: NVCC (compiler), PYTHON (the python with torch),
+# JOBS (parallel compiles, default: number of cores), CUDA_ARCH (default 90).
+#
+# torch's CUDA headers include cuBLAS/cuSPARSE/cuSOLVER headers. A toolkit
+# without them gets them from NVIDIA's wheels (headers only, extracted once
+# into ~/.cache/lltm/cuda-headers); a CPU-only torch lacks one generated
+# header (c10/cuda/impl/cuda_cmake_macros.h), which is stubbed here.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+ARCH=${CUDA_ARCH:-90}
+RESOURCE_USAGE=0
+files=()
+for arg in "$@"; do
+  case "$arg" in
+    --resource-usage) RESOURCE_USAGE=1 ;;
+    *) files+=("$arg") ;;
+  esac
+done
+if [ ${#files[@]} -eq 0 ]; then
+  files=(lltm/csrc/cuda/*.cu)
+fi
+
+NVCC=${NVCC:-}
+if [ -z "$NVCC" ]; then
+  for cand in "$(command -v nvcc || true)" "${CUDA_HOME:-/nonexistent}/bin/nvcc" /usr/local/cuda/bin/nvcc; do
+    if [ -n "$cand" ] && [ -x "$cand" ]; then NVCC=$cand; break; fi
+  done
+fi
+if [ -z "$NVCC" ]; then
+  echo "check_cuda_compile: no nvcc found (set NVCC or CUDA_HOME); skipped"
+  exit 0
+fi
+cuda_include=$(cd "$(dirname "$NVCC")/.." && pwd)/include
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# torch's include paths, its C++ standard and ABI flag.
+read -r STD ABI TORCH_INCLUDES < <("$PYTHON" - <<'EOF'
+import inspect
+import torch
+from torch.utils import cpp_extension
+std = "c++20" if "-std=c++20" in inspect.getsource(cpp_extension) else "c++17"
+abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+print(std, abi, " ".join("-I" + p for p in cpp_extension.include_paths()))
+EOF
+)
+
+extra_includes=()
+torch_include=$("$PYTHON" -c "import torch.utils.cpp_extension as c; print(c.include_paths()[0])")
+if [ ! -f "$torch_include/c10/cuda/impl/cuda_cmake_macros.h" ]; then
+  mkdir -p "$work/stub/c10/cuda/impl"
+  printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' \
+    >"$work/stub/c10/cuda/impl/cuda_cmake_macros.h"
+  extra_includes+=("-I$work/stub")
+fi
+
+# cuBLAS, cuSPARSE and cuSOLVER headers: the toolkit's, an installed nvidia
+# wheel's, or extracted from the wheels into a cache.
+need=(cublas_v2.h cusparse.h cusolverDn.h)
+have_all() {
+  local dir=$1
+  for h in "${need[@]}"; do [ -f "$dir/$h" ] || return 1; done
+}
+if ! have_all "$cuda_include"; then
+  found=""
+  for dir in $("$PYTHON" - <<'EOF'
+import glob, site, sys
+roots = site.getsitepackages() + [site.getusersitepackages()]
+for root in roots:
+    for d in sorted(glob.glob(root + "/nvidia/*/include")) + sorted(glob.glob(root + "/nvidia/*/*/include")):
+        print(d)
+EOF
+  ) "$HOME/.cache/lltm/cuda-headers/nvidia/cu13/include"; do
+    if have_all "$dir"; then found=$dir; break; fi
+  done
+  if [ -z "$found" ]; then
+    cache=$HOME/.cache/lltm/cuda-headers
+    echo "check_cuda_compile: fetching cuBLAS/cuSPARSE/cuSOLVER headers into $cache"
+    mkdir -p "$cache" "$work/wheels"
+    "$PYTHON" -m pip download -q --no-deps --only-binary=:all: -d "$work/wheels" \
+      nvidia-cublas==13.1.1.3 nvidia-cusparse==12.6.3.3 nvidia-cusolver==12.0.4.66 \
+      || "$PYTHON" -m pip download -q --no-deps --only-binary=:all: -d "$work/wheels" \
+        nvidia-cublas nvidia-cusparse nvidia-cusolver
+    "$PYTHON" - "$work/wheels" "$cache" <<'EOF'
+import glob, sys, zipfile
+src, dst = sys.argv[1], sys.argv[2]
+for wheel in glob.glob(src + "/*.whl"):
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(dst, [n for n in z.namelist() if "/include/" in n])
+EOF
+    for dir in "$cache"/nvidia/*/include; do
+      if have_all "$dir"; then found=$dir; fi
+    done
+  fi
+  [ -n "$found" ] || { echo "check_cuda_compile: cuBLAS headers not found" >&2; exit 1; }
+  extra_includes+=("-I$found")
+fi
+
+flags=(
+  -std="$STD" -c -O3 -lineinfo
+  "-gencode=arch=compute_${ARCH},code=sm_${ARCH}"
+  --expt-relaxed-constexpr
+  -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__
+  -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__
+  -DLLTM_WITH_CUDA -DTORCH_EXTENSION_NAME=_C -DTORCH_API_INCLUDE_EXTENSION_H
+  "-D_GLIBCXX_USE_CXX11_ABI=$ABI"
+  -Xcompiler -fPIC -diag-suppress 3306
+  $TORCH_INCLUDES "${extra_includes[@]}"
+)
+if [ "$RESOURCE_USAGE" = 1 ]; then flags+=(--resource-usage); fi
+
+echo "check_cuda_compile: $("$NVCC" --version | tail -1), torch $("$PYTHON" -c 'import torch; print(torch.__version__)'), -std=$STD, sm_$ARCH"
+export NVCC work
+export FLAGS="${flags[*]}"
+status=0
+printf '%s\n' "${files[@]}" | xargs -P "${JOBS:-$(nproc)}" -I{} bash -c '
+  f={}; log="$work/$(basename "$f").log"
+  if "$NVCC" $FLAGS "$f" -o "$work/$(basename "$f").o" >"$log" 2>&1; then
+    echo "  ok    $f"
+  else
+    echo "  FAIL  $f"; exit 1
+  fi' || status=1
+for log in "$work"/*.log; do
+  [ -s "$log" ] || continue
+  if [ "$RESOURCE_USAGE" = 1 ] || grep -qE "error|warning" "$log"; then
+    echo "---- $(basename "$log" .log)"
+    cat "$log"
+  fi
+done
+if [ $status -ne 0 ]; then
+  echo "check_cuda_compile: FAILED" >&2
+  exit 1
+fi
+echo "check_cuda_compile: all ${#files[@]} CUDA sources compile"

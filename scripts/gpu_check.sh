@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Everything the fused CUDA backend needs checked on a GPU machine, in one go:
+#
+#   scripts/gpu_check.sh [STAGE ...]     (default: all stages, in this order)
+#
+#   build     pip install --no-build-isolation -e . for sm_90 (TORCH_CUDA_ARCH_LIST)
+#   test      pytest tests (every test, the GPU ones included)
+#   sanitize  compute-sanitizer memcheck over a subset of tests/test_cuda.py,
+#             with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that out-of-bounds
+#             accesses cannot hide in the caching allocator's slack
+#   sweep     scripts/cuda_path_sweep.py: small vs cuBLAS path, GEMM floor
+#   check     lltm info; lltm check --device cuda
+#   bench     lltm bench --device cuda at the issue's sizes, float32 and bfloat16
+#
+# Logs go to $OUT (default ./gpu_check_out): one file per stage plus
+# summary.txt, whose content is printed last. Stages do not stop the script
+# when they fail; the exit code is non-zero if any did.
+# Environment: PYTHON, TORCH_CUDA_ARCH_LIST (default 9.0), MAX_JOBS,
+# BENCH_SIZES (e.g. "16x32x128 4096x1024x1024"), BENCH_DTYPES, BENCH_ARGS,
+# PYTEST_ARGS, SANITIZE_K (pytest -k expression of the sanitizer subset),
+# BUILD_LIMIT / TEST_LIMIT / SANITIZE_LIMIT (seconds per stage).
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_check_out}
+mkdir -p "$OUT"
+PYTHON=${PYTHON:-python3}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export PYTHONUNBUFFERED=1
+SUMMARY=$OUT/summary.txt
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(build test sanitize sweep check bench)
+status=0
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+run_stage() {  # name, limit in seconds, command...
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  echo "== $name: $*" >>"$OUT/$name.log"
+  timeout --kill-after=10 "$limit" "$@" >>"$OUT/$name.log" 2>&1
+  local rc=$?
+  note "$(printf '%-9s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$OUT/$name.log")"
+  [ $rc -eq 0 ] || status=1
+  return $rc
+}
+
+{
+  echo "gpu_check $(date -u +%FT%TZ) on $(hostname)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null
+  "$PYTHON" -c 'import sys, torch; print("python", sys.version.split()[0], "| torch", torch.__version__, "| CUDA", torch.version.cuda, "|", torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")'
+  nvcc --version 2>/dev/null | tail -1
+} | tee "$SUMMARY"
+
+for stage in "${stages[@]}"; do
+  case "$stage" in
+    build)
+      run_stage build "${BUILD_LIMIT:-480}" "$PYTHON" -m pip install --no-build-isolation --no-deps -v -e . \
+        && "$PYTHON" -c 'import lltm._C' >>"$OUT/build.log" 2>&1 \
+        || status=1
+      ;;
+    test)
+      run_stage test "${TEST_LIMIT:-420}" "$PYTHON" -m pytest tests -q -rs -p no:cacheprovider ${PYTEST_ARGS:-}
+      tail -n 3 "$OUT/test.log" | sed 's/^/          /' | tee -a "$SUMMARY"
+      ;;
+    sanitize)
+      k=${SANITIZE_K:-"(test_parity and (16x32x128 or 3x5x7 or 300x40x64) and (float32 or bfloat16)) or test_non_contiguous or test_batch_zero or test_output_mask or test_gradcheck_float64"}
+      run_stage sanitize "${SANITIZE_LIMIT:-420}" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+        compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+        "$PYTHON" -m pytest tests/test_cuda.py -q -p no:cacheprovider -k "$k"
+      grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -n 3 | sed 's/^/          /' | tee -a "$SUMMARY"
+      ;;
+    sweep)
+      run_stage sweep 300 "$PYTHON" scripts/cuda_path_sweep.py --json "$OUT/sweep.json"
+      run_stage sweep 200 "$PYTHON" scripts/cuda_path_sweep.py --dtype bfloat16 \
+        --sizes 16x32x128,64x1024x128,256x512x512,4096x1024x1024
+      ;;
+    check)
+      run_stage check 120 "$PYTHON" -m lltm info
+      run_stage check 300 "$PYTHON" -m lltm check --device cuda
+      run_stage check 300 "$PYTHON" -m lltm check --device cuda -b 16 -f 32 -s 128
+      ;;
+    bench)
+      for dtype in ${BENCH_DTYPES:-float32 bfloat16}; do
+        for size in ${BENCH_SIZES:-16x32x128 64x1024x128 256x512x512 4096x1024x1024}; do
+          IFS=x read -r B I S <<<"$size"
+          run_stage bench 300 "$PYTHON" -m lltm bench --device cuda --dtype "$dtype" \
+            -b "$B" -f "$I" -s "$S" --no-progress ${BENCH_ARGS:-} \
+            --json "$OUT/bench_${size}_${dtype}.json"
+        done
+      done
+      # one JSON with every table (at most 8 files come back from $OUT)
+      "$PYTHON" - "$OUT" <<'EOF'
+import glob, json, os, sys
+out = sys.argv[1]
+tables = []
+for path in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
+    with open(path) as f:
+        tables.append(json.load(f))
+    os.remove(path)
+with open(os.path.join(out, "bench.json"), "w") as f:
+    json.dump(tables, f, indent=1)
+EOF
+      grep -E "^LLTM cell|^ +(python|aten|fused|compile|compile-ro|lstmcell|gemm) \||GEMM floor" "$OUT/bench.log" >>"$SUMMARY"
+      ;;
+    *)
+      echo "gpu_check: unknown stage $stage" | tee -a "$SUMMARY"
+      status=1
+      ;;
+  esac
+done
+
+echo "================ summary ================"
+cat "$SUMMARY"
+exit $status
