@@ -195,36 +195,56 @@ def _update_running_stats(
 
 
 def _normalize_(y: Tensor, mean: Tensor, invstd: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
-    """In place: y <- (y - mean) * invstd * weight + bias. Returns y."""
-    scale = invstd if weight is None else invstd * weight
-    y.sub_(_per_channel(mean)).mul_(_per_channel(scale))
+    """In place: y <- (y - mean) * invstd * weight + bias. Returns y.
+
+    Computed as ``y * alpha + beta`` with per-channel ``alpha = invstd * weight``
+    and ``beta = bias - mean * alpha``: one pass over y, the form
+    nn.BatchNorm2d's CPU kernel uses too.
+    """
+    alpha = invstd if weight is None else invstd * weight
+    beta = -mean * alpha
     if bias is not None:
-        y.add_(_per_channel(bias))
-    return y
+        beta = beta + bias
+    return torch.addcmul(_per_channel(beta), y, _per_channel(alpha), out=y)
+
+
+def _channel_dot(a: Tensor, b: Tensor) -> Tensor:
+    """Per-channel ``sum(a * b)`` over (N, H, W) of two (N, C, H, W) tensors, shape (C,).
+
+    As N * C dot products of length H * W (a batched matmul on views), so no
+    (N, C, H, W) product is materialised, unlike ``(a * b).sum((0, 2, 3))``.
+    """
+    n, c = a.shape[:2]
+    return torch.matmul(a.reshape(n, c, 1, -1), b.reshape(n, c, -1, 1)).sum(0).view(c)
 
 
 def _batch_norm_backward_(
     grad_out: Tensor,
-    xhat: Tensor,
+    centered: Tensor,
     invstd: Tensor,
     weight: Tensor | None,
     needs_weight_grad: bool,
     needs_bias_grad: bool,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """BatchNorm backward from the normalised input ``xhat``; overwrites ``xhat``.
+    """BatchNorm backward from the centred input ``centered = y - mean``; overwrites it.
 
-    With g = grad_out, M values per channel and k = weight * invstd:
+    With g = grad_out, xhat = centered * invstd, M values per channel and
+    k = weight * invstd:
         d bias   = sum(g)
         d weight = sum(g * xhat)
         d y      = k * (g - sum(g) / M - xhat * sum(g * xhat) / M)
-    Returns (d y, d weight, d bias); d y lives in xhat's buffer.
+                 = centered * c1 + g * k + c0,
+    with per-channel c1 = -k * invstd * sum(g * xhat) / M and c0 = -k * sum(g) / M.
+    Returns (d y, d weight, d bias); d y lives in centered's buffer.
     """
-    count = xhat.numel() // xhat.shape[1]
+    count = centered.numel() // centered.shape[1]
     sum_g = grad_out.sum(_CHANNEL_DIMS)
-    sum_g_xhat = (grad_out * xhat).sum(_CHANNEL_DIMS)
-    scale = invstd if weight is None else invstd * weight
-    grad_y = xhat.mul_(_per_channel(sum_g_xhat / -count))
-    grad_y.add_(grad_out).sub_(_per_channel(sum_g / count)).mul_(_per_channel(scale))
+    sum_g_xhat = _channel_dot(grad_out, centered) * invstd
+    k = invstd if weight is None else invstd * weight
+    c1 = k * invstd * sum_g_xhat / -count
+    c0 = k * sum_g / -count
+    grad_y = torch.addcmul(_per_channel(c0), centered, _per_channel(c1), out=centered)
+    grad_y.addcmul_(grad_out, _per_channel(k))
     return grad_y, (sum_g_xhat if needs_weight_grad else None), (sum_g if needs_bias_grad else None)
 
 
@@ -260,9 +280,8 @@ class BatchNorm2dFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         input, weight, mean, invstd = ctx.saved_tensors
-        xhat = (input - _per_channel(mean)).mul_(_per_channel(invstd))
         grad_input, grad_weight, grad_bias = _batch_norm_backward_(
-            grad_out, xhat, invstd, weight, ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+            grad_out, input - _per_channel(mean), invstd, weight, ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         )
         return grad_input, grad_weight, grad_bias, None, None, None, None
 
@@ -317,11 +336,10 @@ class FusedConvBN2dFunction(torch.autograd.Function):
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         input, conv_weight, bn_weight, mean, invstd = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        # Recompute the convolution output, then turn it into xhat in place.
-        xhat = F.conv2d(input, conv_weight, None, *ctx.conv)
-        xhat.sub_(_per_channel(mean)).mul_(_per_channel(invstd))
+        # Recompute the convolution output and centre it in place.
+        centered = F.conv2d(input, conv_weight, None, *ctx.conv).sub_(_per_channel(mean))
         grad_y, grad_bn_weight, grad_bn_bias = _batch_norm_backward_(
-            grad_out, xhat, invstd, bn_weight, needs[2], needs[3]
+            grad_out, centered, invstd, bn_weight, needs[2], needs[3]
         )
         grad_input, grad_conv_weight, _ = _conv2d_backward(
             grad_y, input, conv_weight, *ctx.conv, output_mask=(needs[0], needs[1], False)

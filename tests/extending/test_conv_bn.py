@@ -156,6 +156,19 @@ def test_eval_parity_forward_and_grads(case, dtype):
                                                                 fused.num_batches_tracked)))  # fmt: skip
 
 
+def test_channels_last_input_and_expanded_grad():
+    conv, bn, fused = make_pair(4, 6, dtype=f64, k=3, padding=1)
+    x = torch.randn(3, 4, 7, 7, dtype=f64).to(memory_format=torch.channels_last).requires_grad_()
+    ref, out = bn(conv(x)), fused(x)
+    torch.testing.assert_close(out, ref, **TOL[f64])
+    # .sum() backward hands the layer an expanded (stride-0) gradient.
+    torch.testing.assert_close(
+        grads_of(out.sum(), [x, fused.conv_weight, fused.bn_weight], None),
+        grads_of(ref.sum(), [x, conv.weight, bn.weight], None),
+        **TOL[f64],
+    )
+
+
 def test_eps_is_inside_the_square_root_with_biased_variance():
     # A large eps makes the two conventions far apart: (y - mean) / sqrt(var_biased + eps) is
     # nn.BatchNorm2d's; (y - mean) / (sqrt(var_unbiased) + eps) is the one to avoid.
