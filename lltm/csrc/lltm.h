@@ -27,7 +27,8 @@ using CellForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using CellBackwardResult =
     std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 // Which of the five backward outputs to compute, in the order above. An
-// output not asked for is returned as an empty tensor of shape (0,).
+// output not asked for is returned as an empty tensor of shape (0,), a fresh
+// one per output (outputs of an operator must not alias each other).
 using OutputMask = std::array<bool, 5>;
 
 // Validates the arguments of a cell forward: ranks, matching sizes, one
@@ -76,8 +77,8 @@ CellBackwardResult fused_cell_backward_cuda(const at::Tensor& grad_h,
                                             const at::Tensor& weights,
                                             const at::Tensor& old_h,
                                             OutputMask output_mask);
-// Space-separated list of the SM architectures the CUDA sources were built
-// for (e.g. "90"), read from nvcc's __CUDA_ARCH_LIST__.
+// Comma-separated list of the architectures the CUDA sources were built for,
+// as nvcc's __CUDA_ARCH_LIST__ spells them (e.g. "900" or "800,900").
 std::string cuda_arch_list();
 
 }  // namespace lltm

@@ -49,10 +49,12 @@ CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
                                       OutputMask output_mask) {
   check_cell_backward_args("lltm::aten_cell_backward", grad_h, grad_cell,
                            new_cell, gates, input, weights, old_h);
+  // Placeholder for an output not asked for; a fresh one each time, since
+  // outputs of an operator must not alias each other.
+  const auto not_asked = [&] { return at::empty({0}, gates.options()); };
   if (!(output_mask[0] || output_mask[1] || output_mask[2] ||
         output_mask[3] || output_mask[4])) {
-    const at::Tensor none = at::empty({0}, gates.options());
-    return {none, none, none, none, none};
+    return {not_asked(), not_asked(), not_asked(), not_asked(), not_asked()};
   }
   const int64_t state = weights.size(0) / 3;
   const int64_t features = input.size(1);
@@ -83,13 +85,14 @@ CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
   // column blocks of W (no split copy); dW = d_pre^T X, written block-wise.
   // Each GEMM runs only if its gradient is asked for: inside a model the
   // input often needs none, and these GEMMs are most of backward's work.
-  const at::Tensor not_asked = at::empty({0}, gates.options());
   at::Tensor grad_input =
-      output_mask[0] ? d_pre.mm(weights.narrow(1, state, features)) : not_asked;
+      output_mask[0] ? d_pre.mm(weights.narrow(1, state, features)) : not_asked();
   at::Tensor grad_old_h =
-      output_mask[3] ? d_pre.mm(weights.narrow(1, 0, state)) : not_asked;
-  at::Tensor grad_weights = not_asked;
-  if (output_mask[1]) {
+      output_mask[3] ? d_pre.mm(weights.narrow(1, 0, state)) : not_asked();
+  at::Tensor grad_weights;
+  if (!output_mask[1]) {
+    grad_weights = not_asked();
+  } else {
     grad_weights = at::empty_like(weights, at::MemoryFormat::Contiguous);
     at::Tensor grad_weights_h = grad_weights.narrow(1, 0, state);
     at::Tensor grad_weights_x = grad_weights.narrow(1, state, features);
@@ -97,8 +100,8 @@ CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
     at::mm_out(grad_weights_h, d_pre_t, old_h);
     at::mm_out(grad_weights_x, d_pre_t, input);
   }
-  at::Tensor grad_bias = output_mask[2] ? d_pre.sum(0) : not_asked;
-  if (!output_mask[4]) grad_old_cell = not_asked;
+  at::Tensor grad_bias = output_mask[2] ? d_pre.sum(0) : not_asked();
+  if (!output_mask[4]) grad_old_cell = not_asked();
   return {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};
 }
 
