@@ -138,7 +138,9 @@ def main() -> None:
                 x.grad = None
                 m.zero_grad(set_to_none=True)
 
-            timings.append((name, median_ms(forward, min_run_time, "forward"), median_ms(step, min_run_time, "fwd+bwd")))
+            fwd_ms = median_ms(forward, min_run_time, "forward")
+            step_ms = median_ms(step, min_run_time, "fwd+bwd")
+            timings.append((name, fwd_ms, step_ms))
 
     base, ours = rows
     saving = 1 - ours["saved"] / base["saved"]

@@ -422,7 +422,9 @@ def _name(func: Callable[..., Any]) -> str:
     return resolve_name(func) or getattr(func, "__qualname__", None) or repr(func)
 
 
-def override_coverage(handled: type | Mapping[Callable[..., Any], Any] | Iterable[Callable[..., Any]]) -> OverrideCoverage:
+def override_coverage(
+    handled: type | Mapping[Callable[..., Any], Any] | Iterable[Callable[..., Any]],
+) -> OverrideCoverage:
     """Report which overridable ``torch`` functions a ``__torch_function__`` type handles.
 
     ``handled`` is a class with a ``HANDLED_FUNCTIONS`` table (such as

@@ -115,7 +115,7 @@ PARITY_CASES = {
 def test_training_parity_forward_grads_running_stats(case, dtype):
     conv, bn, fused = make_pair(4, 6, dtype=dtype, **PARITY_CASES[case])
     tol = TOL[dtype]
-    for step in range(3):  # several steps: running statistics accumulate
+    for _ in range(3):  # several steps: running statistics accumulate
         x = torch.randn(5, 4, 9, 8, dtype=dtype, requires_grad=True)
         ref, out = bn(conv(x)), fused(x)
         torch.testing.assert_close(out, ref, **tol)
@@ -297,7 +297,8 @@ def test_functional_eval_needs_running_stats():
 
 
 def test_function_rejects_mismatched_weight():
-    with pytest.raises(ValueError, match=r"input has 3 channels but conv weight \(2, 4, 3, 3\) with groups=1 expects 4"):
+    match = r"input has 3 channels but conv weight \(2, 4, 3, 3\) with groups=1 expects 4"
+    with pytest.raises(ValueError, match=match):
         fused_conv_bn2d(torch.randn(2, 3, 5, 5), torch.randn(2, 4, 3, 3))
 
 

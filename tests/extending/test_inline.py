@@ -6,13 +6,13 @@ from torch.autograd import gradcheck
 
 from lltm.extending import (
     ThreeXMinusYFunction,
+    inline,
     inline_build_available,
     load_sin_add_extension,
     load_three_x_minus_y_extension,
     sin_add,
     three_x_minus_y,
 )
-from lltm.extending import inline
 
 AVAILABLE, REASON = inline_build_available()
 needs_compiler = pytest.mark.skipif(not AVAILABLE, reason=f"load_inline cannot build here: {REASON}")
