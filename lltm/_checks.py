@@ -60,6 +60,14 @@ def _dtype(dtype: torch.dtype) -> str:
         torch.float64: "Double",
         torch.float16: "Half",
         torch.bfloat16: "BFloat16",
+        torch.int64: "Long",
+        torch.int32: "Int",
+        torch.int16: "Short",
+        torch.int8: "Char",
+        torch.uint8: "Byte",
+        torch.bool: "Bool",
+        torch.complex64: "ComplexFloat",
+        torch.complex128: "ComplexDouble",
     }.get(dtype, str(dtype).replace("torch.", ""))
 
 
