@@ -14,7 +14,8 @@ middle of a network):
   from torch.cuda.memory_allocated / max_memory_allocated, relative to the
   memory in use before the step (input, parameters);
 * forward and forward+backward time with torch.utils.benchmark.Timer
-  (median of blocked_autorange; it synchronises CUDA).
+  (blocked_autorange medians, which synchronise CUDA; the two layers
+  alternate over --rounds rounds and the median round is reported).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Callable
@@ -48,6 +50,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dtype", choices=["float32", "float64", "float16", "bfloat16"], default="float32")
     p.add_argument("--min-run-time", type=float, default=None,
                    help="seconds per timing measurement (default: 2 on cuda, 10 on cpu)")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=3, help="alternating timing rounds per layer")
     p.add_argument("--no-time", action="store_true", help="memory only")
     p.add_argument("--markdown", action="store_true", help="print the result as markdown tables")
     return p.parse_args()
@@ -128,6 +131,7 @@ def main() -> None:
     timings = []
     if not args.no_time:
         min_run_time = args.min_run_time or (2.0 if args.device == "cuda" else 10.0)
+        stmts = {}
         for name, m in modules.items():
 
             def forward(m: nn.Module = m) -> object:
@@ -138,9 +142,16 @@ def main() -> None:
                 x.grad = None
                 m.zero_grad(set_to_none=True)
 
-            fwd_ms = median_ms(forward, min_run_time, "forward")
-            step_ms = median_ms(step, min_run_time, "fwd+bwd")
-            timings.append((name, fwd_ms, step_ms))
+            stmts[name] = (forward, step)
+        # Alternate the two layers over several rounds and keep the median per layer, so that
+        # drift in machine load (shared CPUs, clocks) does not favour whichever ran first.
+        samples: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in stmts}
+        for _ in range(args.rounds):
+            for name, (forward, step) in stmts.items():
+                samples[name][0].append(median_ms(forward, min_run_time / args.rounds, "forward"))
+                samples[name][1].append(median_ms(step, min_run_time / args.rounds, "fwd+bwd"))
+        for name, (fwd, steps) in samples.items():
+            timings.append((name, statistics.median(fwd), statistics.median(steps)))
 
     base, ours = rows
     saving = 1 - ours["saved"] / base["saved"]
