@@ -176,7 +176,7 @@ CellBackwardResult fused_cell_backward_cuda(const at::Tensor& grad_h,
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, input.scalar_type(), "lltm_fused_backward", [&] {
           cell_backward_small_kernel<scalar_t>
-              <<<grid_size(x_tiles + w_tiles), kBackwardSmallThreads, 0,
+              <<<grid_size(x_tiles + w_tiles), small_kernel_threads<scalar_t>(), 0,
                  stream>>>(
                   d_pre.const_data_ptr<scalar_t>(), w.data<scalar_t>(), w.ld,
                   h.data<scalar_t>(), h.ld, x.data<scalar_t>(), x.ld,

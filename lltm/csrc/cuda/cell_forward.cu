@@ -81,7 +81,7 @@ CellForwardResult fused_cell_forward_cuda(const at::Tensor& input,
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, input.scalar_type(), "lltm_fused_forward", [&] {
           cell_forward_small_kernel<scalar_t>
-              <<<grid_size(blocks), ForwardTile::kThreads, 0, stream>>>(
+              <<<grid_size(blocks), small_kernel_threads<scalar_t>(), 0, stream>>>(
                   h.data<scalar_t>(), h.ld, x.data<scalar_t>(), x.ld,
                   w.data<scalar_t>(), w.ld,
                   has_bias ? b.const_data_ptr<scalar_t>() : nullptr,

@@ -14,10 +14,13 @@
 namespace lltm {
 namespace cuda_detail {
 
-// A thread block computes a BM x BN tile of C = A (M x R) * B (R x N) in steps
-// of BK along R; each thread holds TM x TN accumulators, at rows
-// ty + i * TY and columns tx + q * TX of the tile (strided, so that shared
-// memory reads are conflict-free and global stores coalesce).
+// A group of kThreads threads computes a BM x BN tile of C = A (M x R) * B
+// (R x N) in steps of BK along R; each thread holds TM x TN accumulators, at
+// rows ty + i * TY and columns tx + q * TX of the tile (strided, so that
+// shared-memory reads are conflict-free and global stores coalesce). A block
+// holds KS such groups that split the R steps among them (intra-block
+// split-K: KS times the warps to hide latency on the short grids of small
+// steps) and add their partial sums at the end.
 template <int BM_, int BN_, int BK_, int TM_, int TN_>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, TM = TM_, TN = TN_;
@@ -31,30 +34,49 @@ struct Tile {
   static_assert(BM % TM == 0 && BN % TN == 0, "tile must split evenly");
   static_assert(BM * BK % kThreads == 0 && BN * BK % kThreads == 0,
                 "tile loads must split evenly over the threads");
+  // Shared memory (in acc_t elements) of a block of KS groups: their tiles,
+  // reused at the end for the partial sums of groups 1..KS-1.
+  template <int KS>
+  static constexpr int smem_elems() {
+    const int tiles = KS * (kSmemA + kSmemB);
+    const int sums = (KS - 1) * TM * TN * kThreads;
+    return tiles > sums ? tiles : sums;
+  }
+};
+
+// Split-K factor of the small-path kernels: 4 groups for float
+// accumulators, 2 for double (shared memory and registers).
+template <typename acc_t>
+struct SplitK {
+  static constexpr int value = sizeof(acc_t) == 8 ? 2 : 4;
 };
 
 // acc[i][q] = sum over r < R of A(ty + i TY, r) * B(r, tx + q TX) in tile
-// coordinates. load_a(m, r) / load_b(r, n) return the operand in acc_t, or 0
-// out of range. kAAlongR: A is contiguous along r (else along m); kBAlongN: B
-// is contiguous along n (else along r); consecutive threads then load
-// consecutive addresses.
-template <typename T, bool kAAlongR, bool kBAlongN, typename acc_t,
+// coordinates, complete in group 0 on return (the other groups' acc are
+// partial and must be dropped). load_a(m, r) / load_b(r, n) return the
+// operand in acc_t, or 0 out of range (r >= R included). kAAlongR: A is
+// contiguous along r (else along m); kBAlongN: B is contiguous along n (else
+// along r); consecutive threads then load consecutive addresses.
+template <typename T, int KS, bool kAAlongR, bool kBAlongN, typename acc_t,
           typename LoadA, typename LoadB>
 __device__ __forceinline__ void tile_gemm(acc_t (&acc)[T::TM][T::TN],
                                           int64_t R, const LoadA& load_a,
                                           const LoadB& load_b,
-                                          acc_t* __restrict__ smem_a,
-                                          acc_t* __restrict__ smem_b) {
-  const int tid = threadIdx.x;
+                                          acc_t* __restrict__ smem) {
+  const int group = threadIdx.x / T::kThreads;
+  const int tid = threadIdx.x % T::kThreads;
   const int tx = tid % T::TX;
   const int ty = tid / T::TX;
+  acc_t* __restrict__ smem_a = smem + group * (T::kSmemA + T::kSmemB);
+  acc_t* __restrict__ smem_b = smem_a + T::kSmemA;
 #pragma unroll
   for (int i = 0; i < T::TM; ++i) {
 #pragma unroll
     for (int q = 0; q < T::TN; ++q) acc[i][q] = acc_t(0);
   }
-  const int64_t steps = (R + T::BK - 1) / T::BK;
-  if (steps == 0) return;
+  // Every group runs the same number of rounds (barriers stay uniform); a
+  // step past R loads zeros.
+  const int64_t rounds = (R + int64_t(T::BK) * KS - 1) / (int64_t(T::BK) * KS);
 
   // Element e of a tile: (m, r) or (r, n) with the contiguous index fastest.
   auto a_coord = [](int e, int& m, int& r) {
@@ -66,7 +88,8 @@ __device__ __forceinline__ void tile_gemm(acc_t (&acc)[T::TM][T::TN],
     else          { n = e / T::BK; r = e % T::BK; }
   };
   acc_t reg_a[T::kPerThreadA], reg_b[T::kPerThreadB];
-  auto fetch = [&](int64_t r0) {
+  auto fetch = [&](int64_t round) {
+    const int64_t r0 = (round * KS + group) * T::BK;
 #pragma unroll
     for (int k = 0; k < T::kPerThreadA; ++k) {
       int m, r;
@@ -95,12 +118,14 @@ __device__ __forceinline__ void tile_gemm(acc_t (&acc)[T::TM][T::TN],
     }
   };
 
-  fetch(0);
-  stash();
-  __syncthreads();
-  for (int64_t s = 0; s < steps; ++s) {
-    const bool more = s + 1 < steps;
-    if (more) fetch((s + 1) * T::BK);  // in flight during the math below
+  if (rounds > 0) {
+    fetch(0);
+    stash();
+    __syncthreads();
+  }
+  for (int64_t s = 0; s < rounds; ++s) {
+    const bool more = s + 1 < rounds;
+    if (more) fetch(s + 1);  // in flight during the math below
 #pragma unroll
     for (int r = 0; r < T::BK; ++r) {
       acc_t a[T::TM], b[T::TN];
@@ -120,6 +145,32 @@ __device__ __forceinline__ void tile_gemm(acc_t (&acc)[T::TM][T::TN],
       __syncthreads();
     }
   }
+  if (KS > 1) {
+    // Groups 1..KS-1 hand their partial sums to group 0 (fixed order:
+    // deterministic). The tiles are dead: the loop ended on a barrier.
+    constexpr int kAcc = T::TM * T::TN;
+    if (group > 0) {
+#pragma unroll
+      for (int i = 0; i < T::TM; ++i) {
+#pragma unroll
+        for (int q = 0; q < T::TN; ++q) {
+          smem[((group - 1) * kAcc + i * T::TN + q) * T::kThreads + tid] = acc[i][q];
+        }
+      }
+    }
+    __syncthreads();
+    if (group == 0) {
+      for (int g = 1; g < KS; ++g) {
+#pragma unroll
+        for (int i = 0; i < T::TM; ++i) {
+#pragma unroll
+          for (int q = 0; q < T::TN; ++q) {
+            acc[i][q] += smem[((g - 1) * kAcc + i * T::TN + q) * T::kThreads + tid];
+          }
+        }
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------- forward --
@@ -129,11 +180,16 @@ __device__ __forceinline__ void tile_gemm(acc_t (&acc)[T::TM][T::TN],
 // n = gate * 16 + j), so each thread ends up holding all three gates of its
 // (row, state column) pairs and runs the cell math in registers.
 constexpr int kFwdStateCols = 16;
-using ForwardTile = Tile<16, 3 * kFwdStateCols, 32, 2, 3>;
+using ForwardTile = Tile<16, 3 * kFwdStateCols, 16, 2, 3>;
 static_assert(ForwardTile::TX == kFwdStateCols, "one state column per tx");
 
 template <typename scalar_t>
-__global__ void __launch_bounds__(ForwardTile::kThreads)
+constexpr int small_kernel_threads() {
+  return ForwardTile::kThreads * SplitK<at::opmath_type<scalar_t>>::value;
+}
+
+template <typename scalar_t>
+__global__ void __launch_bounds__(small_kernel_threads<scalar_t>())
     cell_forward_small_kernel(
         const scalar_t* __restrict__ old_h, int64_t ld_h,    // (B, S)
         const scalar_t* __restrict__ input, int64_t ld_x,    // (B, I)
@@ -148,8 +204,8 @@ __global__ void __launch_bounds__(ForwardTile::kThreads)
         int64_t state_tiles) {  // ceil(S / kFwdStateCols)
   using T = ForwardTile;
   using acc_t = at::opmath_type<scalar_t>;
-  __shared__ acc_t smem_a[T::kSmemA];
-  __shared__ acc_t smem_b[T::kSmemB];
+  constexpr int KS = SplitK<acc_t>::value;
+  __shared__ acc_t smem[T::template smem_elems<KS>()];
 
   const int64_t row0 = (blockIdx.x / state_tiles) * T::BM;
   const int64_t col0 = (blockIdx.x % state_tiles) * kFwdStateCols;
@@ -170,8 +226,9 @@ __global__ void __launch_bounds__(ForwardTile::kThreads)
     return static_cast<acc_t>(weights[(gate * state + j) * ld_w + k]);
   };
   acc_t acc[T::TM][T::TN];
-  tile_gemm<T, /*kAAlongR=*/true, /*kBAlongN=*/false>(acc, K, load_x, load_w,
-                                                      smem_a, smem_b);
+  tile_gemm<T, KS, /*kAAlongR=*/true, /*kBAlongN=*/false>(acc, K, load_x,
+                                                          load_w, smem);
+  if (threadIdx.x >= T::kThreads) return;  // group 0 holds the sums
 
   const int tx = threadIdx.x % T::TX;
   const int ty = threadIdx.x / T::TX;
@@ -203,19 +260,19 @@ __global__ void __launch_bounds__(ForwardTile::kThreads)
 // --------------------------------------------------------------- backward --
 
 // dX = d_pre W: (B x K), reduction over the 3S gate columns.
-using BackwardXTile = Tile<16, 32, 32, 2, 2>;
+using BackwardXTile = Tile<16, 32, 16, 2, 2>;
 // dW = d_pre^T X: (3S x K), reduction over the batch.
 using BackwardWTile = Tile<32, 32, 16, 2, 4>;
-static_assert(BackwardXTile::kThreads == BackwardWTile::kThreads,
-              "both roles run in one launch");
-constexpr int kBackwardSmallThreads = BackwardXTile::kThreads;
+static_assert(BackwardXTile::kThreads == BackwardWTile::kThreads &&
+                  BackwardXTile::kThreads == ForwardTile::kThreads,
+              "both roles run in one launch, like the forward kernel");
 
 // Both GEMMs of backward in one launch: blocks [0, x_tiles) compute tiles of
 // dX (the longer reductions, scheduled first), the rest tiles of dW. dX
 // columns [x_col_begin, x_col_end) are computed: [0, S) is grad_old_h,
 // [S, S + I) grad_input, so a gradient nobody asked for is skipped.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kBackwardSmallThreads)
+__global__ void __launch_bounds__(small_kernel_threads<scalar_t>())
     cell_backward_small_kernel(
         const scalar_t* __restrict__ d_pre,                  // (B, 3S) contiguous
         const scalar_t* __restrict__ weights, int64_t ld_w,  // (3S, S + I)
@@ -229,14 +286,10 @@ __global__ void __launch_bounds__(kBackwardSmallThreads)
         int64_t x_tiles, int64_t x_col_tiles,  // dX: tiles, tiles per row
         int64_t w_col_tiles) {                 // dW: tiles per row
   using acc_t = at::opmath_type<scalar_t>;
-  constexpr int kSmemA = BackwardXTile::kSmemA > BackwardWTile::kSmemA
-                             ? BackwardXTile::kSmemA
-                             : BackwardWTile::kSmemA;
-  constexpr int kSmemB = BackwardXTile::kSmemB > BackwardWTile::kSmemB
-                             ? BackwardXTile::kSmemB
-                             : BackwardWTile::kSmemB;
-  __shared__ acc_t smem_a[kSmemA];
-  __shared__ acc_t smem_b[kSmemB];
+  constexpr int KS = SplitK<acc_t>::value;
+  constexpr int kSmemX = BackwardXTile::template smem_elems<KS>();
+  constexpr int kSmemW = BackwardWTile::template smem_elems<KS>();
+  __shared__ acc_t smem[kSmemX > kSmemW ? kSmemX : kSmemW];
   const int64_t S3 = 3 * state;
   const int64_t K = state + features;
 
@@ -256,8 +309,9 @@ __global__ void __launch_bounds__(kBackwardSmallThreads)
                                        : acc_t(0);
     };
     acc_t acc[T::TM][T::TN];
-    tile_gemm<T, /*kAAlongR=*/true, /*kBAlongN=*/true>(acc, S3, load_dp, load_w,
-                                                       smem_a, smem_b);
+    tile_gemm<T, KS, /*kAAlongR=*/true, /*kBAlongN=*/true>(acc, S3, load_dp,
+                                                           load_w, smem);
+    if (threadIdx.x >= T::kThreads) return;  // group 0 holds the sums
     const int tx = threadIdx.x % T::TX;
     const int ty = threadIdx.x / T::TX;
 #pragma unroll
@@ -293,8 +347,9 @@ __global__ void __launch_bounds__(kBackwardSmallThreads)
                        : static_cast<acc_t>(input[b * ld_x + (k - state)]);
     };
     acc_t acc[T::TM][T::TN];
-    tile_gemm<T, /*kAAlongR=*/false, /*kBAlongN=*/true>(acc, batch, load_dpt,
-                                                        load_x, smem_a, smem_b);
+    tile_gemm<T, KS, /*kAAlongR=*/false, /*kBAlongN=*/true>(acc, batch, load_dpt,
+                                                            load_x, smem);
+    if (threadIdx.x >= T::kThreads) return;  // group 0 holds the sums
     const int tx = threadIdx.x % T::TX;
     const int ty = threadIdx.x / T::TX;
 #pragma unroll
