@@ -51,6 +51,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--min-run-time", type=float, default=None,
                    help="seconds per timing measurement (default: 2 on cuda, 10 on cpu)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3, help="alternating timing rounds per layer")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU); default: torch's")
     p.add_argument("--no-time", action="store_true", help="memory only")
     p.add_argument("--markdown", action="store_true", help="print the result as markdown tables")
     return p.parse_args()
@@ -103,6 +104,8 @@ def main() -> None:
     args = parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device available")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     unfused, fused, x, grad = build(args)
     modules = {"unfused (nn.Conv2d + nn.BatchNorm2d)": unfused, "fused (FusedConvBN2d)": fused}
