@@ -53,6 +53,9 @@ class CellFunction : public torch::autograd::Function<CellFunction<Ops>> {
     ctx->save_for_backward({new_cell, gates, input, weights, old_h});
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     ctx->mark_non_differentiable({gates});
+    // Only the unused one of new_h / new_cell needs zeros; materialising
+    // would also allocate them for the gates, which never get a gradient.
+    ctx->set_materialize_grads(false);
     return {new_h, new_cell, gates};
   }
 
@@ -61,8 +64,11 @@ class CellFunction : public torch::autograd::Function<CellFunction<Ops>> {
                                .findSchemaOrThrow(Ops::backward, "")
                                .template typed<BackwardSig>();
     const auto saved = ctx->get_saved_variables();
-    // grads[0..1]: new_h, new_cell (zeros when unused: grads are
-    // materialised); grads[2] belongs to the non-differentiable gates.
+    // grads[0..1]: new_h, new_cell (undefined when unused);
+    // grads[2] belongs to the non-differentiable gates and is ignored.
+    const auto grad_or_zeros = [&](const at::Tensor& grad) {
+      return grad.defined() ? grad : at::zeros_like(saved[0]);
+    };
     // Gradients nobody needs (inputs without requires_grad, a missing bias)
     // are not computed; the op returns empty placeholders for them.
     // Autograd edges exist only for tensor arguments: without a bias, old_h
@@ -75,8 +81,8 @@ class CellFunction : public torch::autograd::Function<CellFunction<Ops>> {
         ctx->needs_input_grad(state_edge),
         ctx->needs_input_grad(state_edge + 1)};
     auto [grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell] =
-        op.call(grads[0], grads[1], saved[0], saved[1], saved[2], saved[3],
-                saved[4], mask);
+        op.call(grad_or_zeros(grads[0]), grad_or_zeros(grads[1]), saved[0],
+                saved[1], saved[2], saved[3], saved[4], mask);
     variable_list out = {grad_input, grad_weights, grad_bias, grad_old_h,
                          grad_old_cell};
     for (size_t i = 0; i < out.size(); ++i) {
