@@ -115,7 +115,7 @@ class ScalarTensor:
         if isinstance(N, bool) or not isinstance(N, int) or N < 1:
             raise ValueError(f"ScalarTensor: N (the matrix size) must be a positive int, got {N!r}")
         if isinstance(value, bool) or not isinstance(value, numbers.Number):
-            raise TypeError(f"ScalarTensor: value must be a real number, got {type(value).__name__}")
+            raise TypeError(f"ScalarTensor: value must be a Python number, got {type(value).__name__}")
         self._N = N
         self._value = value
 

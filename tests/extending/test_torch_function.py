@@ -121,7 +121,7 @@ def test_scalar_tensor_bad_size(N):
 
 
 def test_scalar_tensor_bad_value():
-    with pytest.raises(TypeError, match="value must be a real number, got str"):
+    with pytest.raises(TypeError, match="value must be a Python number, got str"):
         ScalarTensor(2, "1")
 
 
