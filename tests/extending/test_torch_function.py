@@ -378,3 +378,12 @@ def test_metadata_tensor_bad_arguments():
         MetadataTensor([1], metadata=["a"])
     with pytest.raises(TypeError, match="already a MetadataTensor"):
         MetadataTensor(MetadataTensor([1]))
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import lltm.extending.torch_function as module
+
+    result = doctest.testmod(module)
+    assert result.attempted >= 3 and result.failed == 0
