@@ -13,10 +13,10 @@
 #   check     lltm info; lltm check --device cuda
 #   bench     lltm bench --device cuda at the issue's sizes, float32 and bfloat16
 #
-# Logs go to $OUT (default ./gpu_check_out): one file per stage plus
-# summary.txt, whose content is printed last. Stages do not stop the script
+# Logs go to $OUT (default ./gpu_check_out): summary.txt, printed last, and
+# logs.tar.gz with one log per stage (and JSON results). Stages do not stop the script
 # when they fail; the exit code is non-zero if any did.
-# Environment: PYTHON, TORCH_CUDA_ARCH_LIST (default 9.0), MAX_JOBS,
+# Environment: PYTHON, TORCH_CUDA_ARCH_LIST (default 9.0), MAX_JOBS, BENCH_DEVICE,
 # BENCH_SIZES (e.g. "16x32x128 4096x1024x1024"), BENCH_DTYPES, BENCH_ARGS,
 # PYTEST_ARGS, SANITIZE_K (pytest -k expression of the sanitizer subset),
 # BUILD_LIMIT / TEST_LIMIT / SANITIZE_LIMIT (seconds per stage), DEADLINE
@@ -33,7 +33,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY=$OUT/summary.txt
 SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test sanitize sweep check bench)
+[ ${#stages[@]} -eq 0 ] && stages=(build test sanitize check profile sweep bench)
 status=0
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -92,6 +92,7 @@ for stage in "${stages[@]}"; do
         --sizes 16x32x128,64x1024x128,256x512x512,4096x1024x1024
       ;;
     check)
+      run_stage check 120 "$PYTHON" -X faulthandler -c "import torch, lltm._C; print(torch._C._dispatch_dump('lltm::_build_info')); print(torch._C._dispatch_dump('lltm::fused_cell_forward'))"
       run_stage check 120 "$PYTHON" -X faulthandler -m lltm info
       run_stage check 300 "$PYTHON" -m lltm check --device cuda
       run_stage check 300 "$PYTHON" -m lltm check --device cuda -b 16 -f 32 -s 128
@@ -100,7 +101,7 @@ for stage in "${stages[@]}"; do
       for dtype in ${BENCH_DTYPES:-float32 bfloat16}; do
         for size in ${BENCH_SIZES:-16x32x128 64x1024x128 256x512x512 4096x1024x1024}; do
           IFS=x read -r B I S <<<"$size"
-          run_stage bench 300 "$PYTHON" -m lltm bench --device cuda --dtype "$dtype" \
+          run_stage bench 300 "$PYTHON" -m lltm bench --device "${BENCH_DEVICE:-cuda}" --dtype "$dtype" \
             -b "$B" -f "$I" -s "$S" --no-progress ${BENCH_ARGS:-} \
             --json "$OUT/bench_${size}_${dtype}.json"
         done
@@ -126,6 +127,9 @@ EOF
   esac
 done
 
+# Few files come back from a device machine: pack every log into one archive.
+(cd "$OUT" && ls | grep -v -e '^summary.txt$' -e '^logs.tar.gz$' >"$OUT/.files" \
+  && tar czf logs.tar.gz -T .files && xargs rm -f <.files; rm -f .files) 2>/dev/null
 echo "================ summary ================"
 cat "$SUMMARY"
 exit $status

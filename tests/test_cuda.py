@@ -279,8 +279,14 @@ def test_side_stream(path):
 
 
 @pytest.mark.parametrize("shape", [(16, 32, 128), (256, 64, 128)], ids=["16x32x128", "256x64x128"])
-def test_cuda_graph_replay(path, shape):
-    """Forward and backward captured in one CUDA graph, replayed on new inputs."""
+@pytest.mark.parametrize("mode", ["small", "blas", "auto"])
+def test_cuda_graph_replay(mode, shape, monkeypatch):
+    """Forward and backward captured in one CUDA graph, replayed on new
+    inputs ("auto" picks its path from the capture status)."""
+    if mode == "auto":
+        monkeypatch.delenv("LLTM_CUDA_PATH", raising=False)
+    else:
+        monkeypatch.setenv("LLTM_CUDA_PATH", mode)
     B, I, S = shape
     static = [a.detach().requires_grad_(True) for a in make_inputs(B, I, S, torch.float32, seed=1)]
     static_grads = [torch.randn(B, S, device="cuda") for _ in range(2)]

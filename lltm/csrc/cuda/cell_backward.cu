@@ -79,9 +79,10 @@ void launch_backward_pointwise(const at::Tensor& grad_h,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (partial.defined()) {
     const int64_t n = 3 * state;
-    column_sum_kernel<scalar_t><<<grid_size(ceil_div(n, 256)), 256, 0, stream>>>(
-        partial.const_data_ptr<acc_t>(), chunks, n,
-        out.grad_bias.mutable_data_ptr<scalar_t>());
+    column_sum_kernel<scalar_t>
+        <<<grid_size(ceil_div(n, kSumCols)), dim3(kSumCols, kSumRows), 0,
+           stream>>>(partial.const_data_ptr<acc_t>(), chunks, n,
+                     out.grad_bias.mutable_data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }

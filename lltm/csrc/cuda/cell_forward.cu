@@ -1,10 +1,13 @@
 // Forward of the fused CUDA backend: lltm::fused_cell_forward on CUDA.
 //
-// Small steps: one kernel (tiled GEMM over [old_h | input] + cell epilogue).
-// Larger steps: gates = input W[:, S:]^T, gates += old_h W[:, :S]^T (two
-// cuBLAS GEMMs into the gates output, no concatenation), then one pointwise
-// pass that adds the bias, applies the activations in place and writes
-// new_cell and new_h.
+// Small steps: one kernel (tiled GEMM over [old_h | input] read through two
+// pointers, with the cell as its epilogue).
+// Larger steps: X = [old_h | input] (one copy kernel), gates = X W^T (one
+// cuBLAS GEMM into the gates output), then one pointwise pass that adds the
+// bias, applies the activations in place and writes new_cell and new_h. The
+// copy moves 2 B (S + I) elements; the alternative, two GEMMs over the two
+// column blocks of W accumulating into gates, re-reads and re-writes
+// B x 3S and costs a second cuBLAS call (more bytes and more host time).
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -39,6 +42,19 @@ void launch_forward_pointwise(at::Tensor& gates, const scalar_t* bias,
                    old_cell.stride(1), packs_load_as_vectors(old_cell, V),
                    new_h.mutable_data_ptr<scalar_t>(),
                    new_cell.mutable_data_ptr<scalar_t>(), state, packs);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename scalar_t, int V>
+void launch_concat(const RowMajor& h, const RowMajor& x, at::Tensor& X,
+                   int64_t state, int64_t features, cudaStream_t stream) {
+  const int64_t packs = X.size(0) * (state + features) / V;
+  const int64_t wanted = ceil_div(packs, kForwardPointwiseThreads);
+  const int64_t cap = int64_t(sm_count(X.get_device())) * 16;
+  concat_kernel<scalar_t, V>
+      <<<grid_size(std::min(wanted, cap)), kForwardPointwiseThreads, 0,
+         stream>>>(h.data<scalar_t>(), h.ld, x.data<scalar_t>(), x.ld,
+                   X.mutable_data_ptr<scalar_t>(), state, features, packs);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -95,16 +111,32 @@ CellForwardResult fused_cell_forward_cuda(const at::Tensor& input,
     return {new_h, new_cell, gates};
   }
 
-  // gates = input W[:, S:]^T; gates += old_h W[:, :S]^T
-  const int64_t elem = input.element_size();
-  const char* w_ptr = static_cast<const char*>(w.tensor.const_data_ptr());
-  const Gemm gemms[2] = {
-      {false, true, batch, 3 * state, features, x.tensor.const_data_ptr(), x.ld,
-       w_ptr + state * elem, w.ld, false, gates.mutable_data_ptr(), 3 * state},
-      {false, true, batch, 3 * state, state, h.tensor.const_data_ptr(), h.ld,
-       w_ptr, w.ld, features > 0, gates.mutable_data_ptr(), 3 * state},
-  };
-  run_gemms(input.scalar_type(), gemms, 2);
+  // X = [old_h | input]; gates = X W^T
+  at::Tensor X;
+  int64_t ld_X = K;
+  if (features == 0) {
+    X = h.tensor;
+    ld_X = h.ld;
+  } else {
+    X = at::empty({batch, K}, options);
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, input.scalar_type(), "lltm_fused_forward", [&] {
+          constexpr int kVec = 16 / sizeof(scalar_t);
+          const bool vec = state % kVec == 0 && features % kVec == 0 &&
+                           h.ld % kVec == 0 && x.ld % kVec == 0 &&
+                           is_aligned(h.tensor.const_data_ptr(), 16) &&
+                           is_aligned(x.tensor.const_data_ptr(), 16);
+          if (vec) {
+            launch_concat<scalar_t, kVec>(h, x, X, state, features, stream);
+          } else {
+            launch_concat<scalar_t, 1>(h, x, X, state, features, stream);
+          }
+        });
+  }
+  const Gemm gemm = {false, true, batch, 3 * state, K, X.const_data_ptr(), ld_X,
+                     w.tensor.const_data_ptr(), w.ld, false,
+                     gates.mutable_data_ptr(), 3 * state};
+  run_gemms(input.scalar_type(), &gemm, 1);
 
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, input.scalar_type(), "lltm_fused_forward", [&] {

@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
@@ -57,22 +58,35 @@ inline bool packs_load_as_vectors(const at::Tensor& t, int V) {
 
 // Which implementation runs a cell step.
 //   kSmall: one tiled kernel per direction (plus the pointwise gradient
-//           kernel in backward): fewest launches, for steps whose GEMMs are
-//           too small to fill the GPU.
-//   kBlas:  cuBLAS GEMMs plus one pointwise pass: for everything else.
-// LLTM_CUDA_PATH=small|blas forces one (benchmarks, tests); auto otherwise.
+//           kernel in backward): fewest launches and no cuBLAS call, so the
+//           least host time, for steps whose GEMMs cannot fill the GPU.
+//   kBlas:  cuBLAS GEMMs plus one pointwise pass: the least GPU time for
+//           everything else.
+// The switch point depends on what the step pays for. Eagerly, every launch
+// and every cuBLAS call costs host time (about 5 and 12 us on the H100 test
+// machine) that the GPU waits on at these sizes, so the small path wins
+// until its GPU time exceeds the large path's wall time. Under CUDA graph
+// capture (torch.cuda.graph, torch.compile mode="reduce-overhead") launches
+// are free at replay and only GPU time counts. Measured on H100, see
+// docs/gpu_benchmarks_fused.md. LLTM_CUDA_PATH=small|blas forces one
+// (benchmarks, tests).
 enum class Path { kSmall, kBlas };
 
-// Multiply-adds of one GEMM of the step (B x 3S x (S + I)) up to which the
-// small path is used: measured on H100 (docs/gpu_benchmarks_fused.md).
-constexpr int64_t kSmallPathMaxMacs = int64_t(1) << 23;
+// Multiply-adds of one GEMM of the step, B x 3S x (S + I), up to which the
+// small path runs: eagerly, and while a CUDA graph is being captured.
+constexpr int64_t kSmallPathMaxMacsEager = int64_t(1) << 29;
+constexpr int64_t kSmallPathMaxMacsGraph = int64_t(1) << 24;
 
 inline Path choose_path(int64_t macs) {
   if (const char* forced = std::getenv("LLTM_CUDA_PATH")) {
     if (std::strcmp(forced, "small") == 0) return Path::kSmall;
     if (std::strcmp(forced, "blas") == 0) return Path::kBlas;
   }
-  return macs <= kSmallPathMaxMacs ? Path::kSmall : Path::kBlas;
+  const bool capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() !=
+                         c10::cuda::CaptureStatus::None;
+  return macs <= (capturing ? kSmallPathMaxMacsGraph : kSmallPathMaxMacsEager)
+             ? Path::kSmall
+             : Path::kBlas;
 }
 
 // Multiprocessors of a device, read once per device.

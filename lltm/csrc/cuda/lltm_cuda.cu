@@ -4,22 +4,20 @@
 // the autocast rule in autocast.cu.
 #include <torch/library.h>
 
-#include <sstream>
 #include <string>
 
 #include "../lltm.h"
 
 namespace lltm {
 
+// nvcc defines __CUDA_ARCH_LIST__ as the comma-separated list of the
+// architectures it compiles for, e.g. 900 or 800,900 (compute capability x 100).
+#define LLTM_STRINGIFY_LIST(...) #__VA_ARGS__
+#define LLTM_STRINGIFY(...) LLTM_STRINGIFY_LIST(__VA_ARGS__)
+
 std::string cuda_arch_list() {
 #ifdef __CUDA_ARCH_LIST__
-  // nvcc defines __CUDA_ARCH_LIST__ as e.g. 800,900 (compute capability x 10).
-  constexpr int archs[] = {__CUDA_ARCH_LIST__};
-  std::ostringstream list;
-  for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); ++i) {
-    list << (i ? "," : "") << archs[i];
-  }
-  return list.str();
+  return LLTM_STRINGIFY(__CUDA_ARCH_LIST__);
 #else
   return "unknown";
 #endif

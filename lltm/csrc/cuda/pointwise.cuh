@@ -167,19 +167,62 @@ __global__ void __launch_bounds__(kBackwardCols* kBackwardRows)
 }
 
 // out[c] = sum over p of partial[p, c]: the last step of grad_bias when the
-// batch was split into several row chunks. Fixed order: deterministic.
+// batch was split into several row chunks. kSumCols columns per block, the
+// chunks spread over kSumRows thread rows with four independent running sums
+// each (the loads are latency-bound, not bandwidth-bound), then one pass
+// through shared memory. Fixed order: deterministic.
+constexpr int kSumCols = 32;
+constexpr int kSumRows = 8;
+
 template <typename scalar_t>
-__global__ void column_sum_kernel(
+__global__ void __launch_bounds__(kSumCols* kSumRows) column_sum_kernel(
     const at::opmath_type<scalar_t>* __restrict__ partial,  // (chunks, n)
     int64_t chunks, int64_t n,
     scalar_t* __restrict__ out) {  // (n,)
   using acc_t = at::opmath_type<scalar_t>;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       c < n; c += stride) {
+  __shared__ acc_t rows[kSumRows][kSumCols + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x;
+  acc_t s0 = acc_t(0), s1 = acc_t(0), s2 = acc_t(0), s3 = acc_t(0);
+  if (c < n) {
+    int64_t p = threadIdx.y;
+    for (; p + 3 * kSumRows < chunks; p += 4 * kSumRows) {
+      s0 += partial[p * n + c];
+      s1 += partial[(p + kSumRows) * n + c];
+      s2 += partial[(p + 2 * kSumRows) * n + c];
+      s3 += partial[(p + 3 * kSumRows) * n + c];
+    }
+    for (; p < chunks; p += kSumRows) s0 += partial[p * n + c];
+  }
+  rows[threadIdx.y][threadIdx.x] = (s0 + s1) + (s2 + s3);
+  __syncthreads();
+  if (threadIdx.y == 0 && c < n) {
     acc_t s = acc_t(0);
-    for (int64_t p = 0; p < chunks; ++p) s += partial[p * n + c];
+#pragma unroll
+    for (int y = 0; y < kSumRows; ++y) s += rows[y][threadIdx.x];
     out[c] = static_cast<scalar_t>(s);
+  }
+}
+
+// X = [old_h | input] (B, S + I), contiguous: the operand of the forward's
+// single GEMM on the large path. V elements per thread (the host checks
+// that S, I, both row strides and both pointers allow V-wide accesses).
+template <typename scalar_t, int V>
+__global__ void __launch_bounds__(kForwardPointwiseThreads) concat_kernel(
+    const scalar_t* __restrict__ old_h, int64_t ld_h,  // (B, S)
+    const scalar_t* __restrict__ input, int64_t ld_x,  // (B, I)
+    scalar_t* __restrict__ X,                          // (B, S + I) contiguous
+    int64_t state, int64_t features, int64_t num_packs) {
+  const int64_t K = state + features;
+  const int64_t packs_per_row = K / V;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       p < num_packs; p += stride) {
+    const int64_t b = p / packs_per_row;
+    const int64_t k = (p - b * packs_per_row) * V;
+    const scalar_t* src =
+        k < state ? old_h + b * ld_h + k : input + b * ld_x + (k - state);
+    *reinterpret_cast<Pack<scalar_t, V>*>(X + b * K + k) =
+        *reinterpret_cast<const Pack<scalar_t, V>*>(src);
   }
 }
 
