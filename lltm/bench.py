@@ -323,6 +323,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     dtype = torch.float64 if args.double else DTYPES[args.dtype]
     if device.type == "cuda":
+        if device.index is None:  # "cuda" means the current device
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     default_rows = BACKEND_ROWS + (SEQ_PEER_ROWS if args.seq else PEER_ROWS)
     args.rows = [r.strip() for r in args.rows.split(",")] if args.rows else list(default_rows)

@@ -20,9 +20,15 @@ from lltm.reference import lltm_cell_reference
 __all__ = ["lltm_cell", "lltm"]
 
 
+_FORWARD_OPS: dict = {}  # backend name -> OpOverload, looked up once
+
+
 def _forward_op(name: str):
-    _extension.load()
-    return getattr(torch.ops.lltm, f"{name}_cell_forward").default
+    op = _FORWARD_OPS.get(name)
+    if op is None:
+        _extension.load()
+        op = _FORWARD_OPS[name] = getattr(torch.ops.lltm, f"{name}_cell_forward").default
+    return op
 
 
 def lltm_cell(
