@@ -12,6 +12,10 @@ with fixed output gradients, so it times the backward pass alone (the
 tutorial summed the outputs first, which adds three eager ops). By default
 every input needs a gradient (input, state and parameters, as inside an
 unrolled sequence); --param-grads-only reproduces the tutorial's setting.
+Each backward starts from `.grad = None` on every leaf, as after
+`optimizer.zero_grad()` in a training step, so AccumulateGrad hands the
+gradient over instead of adding it; --accumulate-grads keeps the tutorial's
+loop, which adds into `.grad` on every pass (one extra kernel per leaf).
 """
 
 from __future__ import annotations
@@ -70,8 +74,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _autograd_backward(grads: Outputs) -> Callable[[Outputs], None]:
+def _autograd_backward(grads: Outputs, leaves: list[Tensor], accumulate: bool) -> Callable[[Outputs], None]:
+    """backward(outputs): autograd into `.grad` of `leaves`, reset to None
+    first unless `accumulate` (set-to-None costs no kernel; zeroing would)."""
+    leaves = [t for t in leaves if t.requires_grad]
+
     def backward(outputs: Outputs) -> None:
+        if not accumulate:
+            for t in leaves:
+                t.grad = None
         torch.autograd.backward(outputs[: len(grads)], grads)
 
     return backward
@@ -93,7 +104,7 @@ def _cell_cases(args, device: torch.device, dtype: torch.dtype) -> list[Case]:
     W = rand(3 * S, S + I, grad=True, scale=bound)
     b = rand(3 * S, grad=True, scale=bound)
     grads = (rand(B, S, grad=False), rand(B, S, grad=False))
-    backward = _autograd_backward(grads)
+    backward = _autograd_backward(grads, [x, h, c, W, b], args.accumulate_grads)
 
     cases: list[Case] = []
     for name in args.rows:
@@ -129,7 +140,8 @@ def _cell_cases(args, device: torch.device, dtype: torch.dtype) -> list[Case]:
             def fwd(cell=cell):
                 return cell(x, (h, c))
 
-            cases.append(Case(name, fwd, backward, note="nn.LSTMCell, same state size"))
+            cell_backward = _autograd_backward(grads, [x, h, c, *cell.parameters()], args.accumulate_grads)
+            cases.append(Case(name, fwd, cell_backward, note="nn.LSTMCell, same state size"))
         elif name == "gemm":
             # The floor: the GEMMs every backend must run. Forward: gates =
             # addmm(b, X, W^T); backward: dX = dG W and dW = dG^T X.
@@ -158,7 +170,6 @@ def _seq_cases(args, device: torch.device, dtype: torch.dtype) -> list[Case]:
     x = (torch.rand(T, B, I, generator=gen) * 2 - 1).to(device=device, dtype=dtype)
     x.requires_grad_(not args.param_grads_only)
     grad_out = (torch.rand(T, B, S, generator=gen) * 2 - 1).to(device=device, dtype=dtype)
-    backward = _autograd_backward((grad_out,))
     cases: list[Case] = []
     for name in args.rows:
         if name in BACKEND_ROWS:
@@ -175,7 +186,9 @@ def _seq_cases(args, device: torch.device, dtype: torch.dtype) -> list[Case]:
             output, (h_n, c_n) = module(x)
             return (output,)
 
-        cases.append(Case(name, fwd, backward, note="nn.LSTM, same state size" if name == "lstm" else f"lltm.LLTM, T={T}"))
+        backward = _autograd_backward((grad_out,), [x, *module.parameters()], args.accumulate_grads)
+        note = "nn.LSTM, same state size" if name == "lstm" else f"lltm.LLTM, T={T}"
+        cases.append(Case(name, fwd, backward, note=note))
     return cases
 
 
@@ -310,6 +323,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seq", type=int, default=0, help="time the LLTM module over SEQ steps, nn.LSTM as peer")
     p.add_argument("--param-grads-only", action="store_true", help="only parameters need gradients (the tutorial's setting)")
+    p.add_argument(
+        "--accumulate-grads",
+        action="store_true",
+        help="add into .grad on every pass (the tutorial's loop) instead of starting each backward from .grad = None",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the results as JSON here")
     p.add_argument("--plot", help="write a PNG bar chart here (needs matplotlib)")
@@ -353,7 +371,8 @@ def run(args: argparse.Namespace) -> int:
         "torch": torch.__version__,
         "date": datetime.date.today().isoformat(),
         "runs": args.runs,
-        "gradients": "parameters only" if args.param_grads_only else "input, state and parameters",
+        "gradients": ("parameters only" if args.param_grads_only else "input, state and parameters")
+        + (", accumulated into .grad" if args.accumulate_grads else ", .grad reset to None per step"),
         "matmul_precision": torch.get_float32_matmul_precision(),
     }
     print(format_table(results, meta))

@@ -48,7 +48,10 @@ def make(B, I, S, dtype, grad=True):
 
 def host_costs(sizes, dtype):
     print(f"\nhost cost per call, µs (best of 3 x 300 queued calls), {dtype}")
-    cols = ("size", "path", "add", "mm", "fwd op", "bwd op", "fwd+AD", "step")
+    # step: forward + autograd backward into .grad (accumulating); step0: the
+    # same from .grad = None (no AccumulateGrad kernels); grad(): autograd.grad
+    # (no .grad at all); py step0: the python cell's step0, the T1 reference.
+    cols = ("size", "path", "add", "mm", "fwd op", "bwd op", "fwd+AD", "step", "step0", "grad()", "py step0")
     print(" ".join(f"{c:>10}" for c in cols))
     for size in sizes:
         B, I, S = (int(v) for v in size.split("x"))
@@ -72,8 +75,21 @@ def host_costs(sizes, dtype):
                 new_h, new_c = functional.lltm_cell(x, W, b, h, c, backend="fused")
                 torch.autograd.backward((new_h, new_c), (gh, gc))
 
+            def step0(backend="fused"):
+                for t in (x, W, b, h, c):
+                    t.grad = None
+                new_h, new_c = functional.lltm_cell(x, W, b, h, c, backend=backend)
+                torch.autograd.backward((new_h, new_c), (gh, gc))
+
+            def step_grad():
+                new_h, new_c = functional.lltm_cell(x, W, b, h, c, backend="fused")
+                torch.autograd.grad((new_h, new_c), (x, W, b, h, c), (gh, gc))
+
             st = per_call_us(step, iters=200)
-            vals = (size, path) + tuple(f"{v:.1f}" for v in (add, mm, fwd_op, bwd_op, fwd_ad, st))
+            st0 = per_call_us(step0, iters=200)
+            stg = per_call_us(step_grad, iters=200)
+            py0 = per_call_us(lambda: step0("python"), iters=100)
+            vals = (size, path) + tuple(f"{v:.1f}" for v in (add, mm, fwd_op, bwd_op, fwd_ad, st, st0, stg, py0))
             print(" ".join(f"{v:>10}" for v in vals), flush=True)
         os.environ.pop("LLTM_CUDA_PATH", None)
 

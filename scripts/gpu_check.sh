@@ -13,15 +13,17 @@
 #   sweep     scripts/cuda_path_sweep.py: small vs cuBLAS path, GEMM floor
 #   check     lltm info; lltm check --device cuda
 #   bench     lltm bench --device cuda at the issue's sizes, float32 and bfloat16
+#   memory    benchmarks/conv_bn_memory.py --device cuda (fused Conv2d+BatchNorm2d)
 #
 # Logs go to $OUT (default ./gpu_check_out): summary.txt, printed last, and
 # logs.tar.gz with one log per stage (and JSON results). Stages do not stop the script
 # when they fail; the exit code is non-zero if any did.
 # Environment: PYTHON, TORCH_CUDA_ARCH_LIST (default 9.0), MAX_JOBS, BENCH_DEVICE,
 # BENCH_SIZES (e.g. "16x32x128 4096x1024x1024"), BENCH_DTYPES, BENCH_ARGS,
-# PYTEST_ARGS, PYTEST_WORKERS, SANITIZE_K (pytest -k expression of the sanitizer subset),
+# PYTEST_ARGS, PYTEST_WORKERS (0: no xdist), SANITIZE_K (pytest -k expression of the sanitizer subset),
 # BUILD_LIMIT / TEST_LIMIT / TESTALL_LIMIT / SANITIZE_LIMIT (seconds per stage), DEADLINE
-# (seconds from the start after which no stage runs or keeps running).
+# (seconds from the start after which no stage runs or keeps running), CC / CXX
+# (the host compilers of the build and of nvcc's -ccbin; printed in the header).
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -64,6 +66,7 @@ run_stage() {  # name, limit in seconds, command...
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null
   "$PYTHON" -c 'import sys, torch; print("python", sys.version.split()[0], "| torch", torch.__version__, "| CUDA", torch.version.cuda, "|", torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")'
   nvcc --version 2>/dev/null | tail -1
+  echo "host compiler: $(command -v "${CXX:-c++}") ($("${CXX:-c++}" --version 2>/dev/null | head -1)); CC=${CC:-unset}"
 } | tee "$SUMMARY"
 
 for stage in "${stages[@]}"; do
@@ -80,8 +83,9 @@ for stage in "${stages[@]}"; do
     testall)
       # every other test, the GPU-parametrised ones included; xdist keeps a
       # crashing test from taking the rest down with it
-      run_stage testall "${TESTALL_LIMIT:-420}" "$PYTHON" -m pytest tests --ignore=tests/test_cuda.py \
-        -q -rfEs -p no:cacheprovider -n "${PYTEST_WORKERS:-4}" --dist loadfile ${PYTEST_ARGS:-}
+      if [ "${PYTEST_WORKERS:-4}" = 0 ]; then xdist=(-p no:xdist); else xdist=(-n "${PYTEST_WORKERS:-4}" --dist loadfile); fi
+      run_stage testall "${TESTALL_LIMIT:-420}" "$PYTHON" -X faulthandler -m pytest tests --ignore=tests/test_cuda.py \
+        -q -rfEs -p no:cacheprovider "${xdist[@]}" ${PYTEST_ARGS:-}
       grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/testall.log" | tail -n 30 | sed 's/^/          /' | tee -a "$SUMMARY"
       ;;
     sanitize)
@@ -127,6 +131,10 @@ with open(os.path.join(out, "bench.json"), "w") as f:
     json.dump(tables, f, indent=1)
 EOF
       grep -E "^LLTM cell|^ +(python|aten|fused|compile|compile-ro|lstmcell|gemm) \||GEMM floor" "$OUT/bench.log" >>"$SUMMARY"
+      ;;
+    memory)
+      run_stage memory 300 "$PYTHON" benchmarks/conv_bn_memory.py --device cuda --markdown
+      tail -n 25 "$OUT/memory.log" >>"$SUMMARY"
       ;;
     *)
       echo "gpu_check: unknown stage $stage" | tee -a "$SUMMARY"
