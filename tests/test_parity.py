@@ -34,7 +34,8 @@ def _assert_close(got, want, tol, what, contiguous=False):
         assert g.shape == w.shape, f"{what}[{i}]: shape {tuple(g.shape)} != {tuple(w.shape)}"
         # The compiled ops promise contiguous outputs on every device.
         assert not contiguous or g.is_contiguous(), f"{what}[{i}] is not contiguous"
-        torch.testing.assert_close(g.double().cpu(), w, rtol=tol, atol=tol, msg=lambda m: f"{what}[{i}]: {m}")
+        # Compare on the CPU in float64 whatever device either side is on.
+        torch.testing.assert_close(g.double().cpu(), w.double().cpu(), rtol=tol, atol=tol, msg=lambda m: f"{what}[{i}]: {m}")
 
 
 @pytest.mark.parametrize("device,backend", backend_params())
