@@ -50,8 +50,10 @@ def host_costs(sizes, dtype):
     print(f"\nhost cost per call, µs (best of 3 x 300 queued calls), {dtype}")
     # step: forward + autograd backward into .grad (accumulating); step0: the
     # same from .grad = None (no AccumulateGrad kernels); grad(): autograd.grad
-    # (no .grad at all); py step0: the python cell's step0, the T1 reference.
-    cols = ("size", "path", "add", "mm", "fwd op", "bwd op", "fwd+AD", "step", "step0", "grad()", "py step0")
+    # (no .grad at all); py step0: the python cell's step0, the T1 reference;
+    # AD floor: step0 of the smallest graph (one leaf, one mul), i.e. what the
+    # autograd engine costs by itself (hand-off to the device thread and back).
+    cols = ("size", "path", "add", "mm", "AD floor", "fwd op", "bwd op", "fwd+AD", "step", "step0", "grad()", "py step0")
     print(" ".join(f"{c:>10}" for c in cols))
     for size in sizes:
         B, I, S = (int(v) for v in size.split("x"))
@@ -61,6 +63,12 @@ def host_costs(sizes, dtype):
         gh, gc = torch.randn(B, S, device="cuda", dtype=dtype), torch.randn(B, S, device="cuda", dtype=dtype)
         add = per_call_us(lambda: torch.add(hd, cd))
         mm = per_call_us(lambda: torch.mm(X, Wd.t()))
+
+        def ad_floor():
+            h.grad = None
+            torch.autograd.backward(h * 2, gh)
+
+        floor = per_call_us(ad_floor, iters=200)
         for path in ("small", "blas"):
             os.environ["LLTM_CUDA_PATH"] = path
             fwd_op = per_call_us(lambda: torch.ops.lltm.fused_cell_forward(xd, Wd, bd, hd, cd))
@@ -89,7 +97,7 @@ def host_costs(sizes, dtype):
             st0 = per_call_us(step0, iters=200)
             stg = per_call_us(step_grad, iters=200)
             py0 = per_call_us(lambda: step0("python"), iters=100)
-            vals = (size, path) + tuple(f"{v:.1f}" for v in (add, mm, fwd_op, bwd_op, fwd_ad, st, st0, stg, py0))
+            vals = (size, path) + tuple(f"{v:.1f}" for v in (add, mm, floor, fwd_op, bwd_op, fwd_ad, st, st0, stg, py0))
             print(" ".join(f"{v:>10}" for v in vals), flush=True)
         os.environ.pop("LLTM_CUDA_PATH", None)
 
