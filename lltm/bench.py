@@ -193,6 +193,7 @@ def _seq_cases(args, device: torch.device, dtype: torch.dtype) -> list[Case]:
 
 
 def _time_case(case: Case, args, device: torch.device, progress) -> Result:
+    """The tutorial's method: host clock around each synchronised pass."""
     for _ in range(args.warmup):  # compilation, caches, cuBLAS handles
         case.backward(case.forward())
     _sync(device)
@@ -210,7 +211,22 @@ def _time_case(case: Case, args, device: torch.device, progress) -> Result:
         bwd_times.append(t2 - t1)
         del outputs
         progress.update(1)
+    us = 1e6
+    return Result(
+        name=case.name,
+        fwd_median_us=statistics.median(fwd_times) * us,
+        fwd_min_us=min(fwd_times) * us,
+        bwd_median_us=statistics.median(bwd_times) * us,
+        bwd_min_us=min(bwd_times) * us,
+        timer_fwd_us=float("nan"),
+        timer_bwd_us=float("nan"),
+        note=case.note,
+    )
 
+
+def _timer_round(case: Case, args) -> tuple[float, float]:
+    """torch.utils.benchmark medians (µs) of the forward and of a whole
+    step; backward is their difference."""
     from torch.utils.benchmark import Timer
 
     def step():
@@ -219,17 +235,7 @@ def _time_case(case: Case, args, device: torch.device, progress) -> Result:
     scope = {"forward": case.forward, "step": step}
     t_fwd = Timer("forward()", globals=scope).blocked_autorange(min_run_time=args.min_run_time).median
     t_step = Timer("step()", globals=scope).blocked_autorange(min_run_time=args.min_run_time).median
-    us = 1e6
-    return Result(
-        name=case.name,
-        fwd_median_us=statistics.median(fwd_times) * us,
-        fwd_min_us=min(fwd_times) * us,
-        bwd_median_us=statistics.median(bwd_times) * us,
-        bwd_min_us=min(bwd_times) * us,
-        timer_fwd_us=t_fwd * us,
-        timer_bwd_us=max(t_step - t_fwd, 0.0) * us,
-        note=case.note,
-    )
+    return t_fwd * 1e6, max(t_step - t_fwd, 0.0) * 1e6
 
 
 def _device_name(device: torch.device) -> str:
@@ -243,7 +249,8 @@ def format_table(results: list[Result], meta: dict) -> str:
         f"LLTM cell{'' if not meta.get('seq') else ' sequence T=' + str(meta['seq'])}: "
         f"batch {meta['batch_size']}, features {meta['features']}, state {meta['state_size']}, "
         f"{meta['dtype']} on {meta['device_name']}; torch {meta['torch']}; {meta['date']}\n"
-        f"runs {meta['runs']} (host clock, synchronised) + torch.utils.benchmark blocked_autorange; "
+        f"runs {meta['runs']} (host clock, synchronised) + torch.utils.benchmark blocked_autorange, "
+        f"median of {meta.get('rounds', 1)} interleaved rounds; "
         f"gradients: {meta['gradients']}\n"
     )
     cols = ("row", "fwd med", "fwd min", "bwd med", "bwd min", "fwd Timer", "bwd Timer", "fwd x", "bwd x", "f+b x")
@@ -311,6 +318,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-r", "--runs", type=int, default=100, help="timed passes of the host-clock method")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--min-run-time", type=float, default=0.5, help="seconds per blocked_autorange")
+    p.add_argument(
+        "--rounds", type=int, default=3, help="Timer measurements per row, rows interleaved; the median is reported"
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("-d", "--double", action="store_true", help="shorthand for --dtype float64")
@@ -339,6 +349,8 @@ def run(args: argparse.Namespace) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("lltm bench: --device cuda asked for, but torch sees no CUDA device", file=sys.stderr)
         return 2
+    if args.runs < 1 or args.rounds < 1:
+        raise ValueError(f"lltm bench: --runs and --rounds must be at least 1, got {args.runs} and {args.rounds}")
     dtype = torch.float64 if args.double else DTYPES[args.dtype]
     if device.type == "cuda":
         if device.index is None:  # "cuda" means the current device
@@ -351,10 +363,24 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     results = []
-    with tqdm(total=args.runs * len(cases), desc="lltm bench", unit="pass", disable=args.no_progress or None, file=sys.stderr) as progress:
+    total = (args.runs + args.rounds) * len(cases)
+    with tqdm(total=total, desc="lltm bench", unit="pass", disable=args.no_progress or None, file=sys.stderr) as progress:
         for case in cases:
             progress.set_postfix_str(case.name)
             results.append(_time_case(case, args, device, progress))
+        # The Timer rows are measured in rounds, every row once per round, and
+        # each row reports its median over the rounds: a slow spell of a noisy
+        # machine then hits every row alike instead of one row's whole sample.
+        rounds: list[list[tuple[float, float]]] = [[] for _ in cases]
+        for _ in range(args.rounds):
+            for i, case in enumerate(cases):
+                progress.set_postfix_str(f"{case.name} (Timer)")
+                rounds[i].append(_timer_round(case, args))
+                progress.update(1)
+        for r, samples in zip(results, rounds):
+            r.timer_fwd_us = statistics.median(f for f, _ in samples)
+            r.timer_bwd_us = statistics.median(b for _, b in samples)
+            r.extra["timer_rounds_us"] = [[round(f, 2), round(b, 2)] for f, b in samples]
     base = next((r for r in results if r.name == "python"), None)
     if base is not None:
         for r in results:
@@ -371,6 +397,7 @@ def run(args: argparse.Namespace) -> int:
         "torch": torch.__version__,
         "date": datetime.date.today().isoformat(),
         "runs": args.runs,
+        "rounds": args.rounds,
         "gradients": ("parameters only" if args.param_grads_only else "input, state and parameters")
         + (", accumulated into .grad" if args.accumulate_grads else ", .grad reset to None per step"),
         "matmul_precision": torch.get_float32_matmul_precision(),

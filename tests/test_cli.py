@@ -42,7 +42,7 @@ def test_check_fails_on_a_wrong_backend(monkeypatch, capsys):
     assert "Forward: python vs aten ... MISMATCH" in capsys.readouterr().out
 
 
-QUICK = ["--runs", "3", "--warmup", "1", "--min-run-time", "0.01", "--no-progress"]
+QUICK = ["--runs", "3", "--rounds", "2", "--warmup", "1", "--min-run-time", "0.01", "--no-progress"]
 
 
 def test_bench_cell_table_json_plot(tmp_path, capsys):
@@ -58,6 +58,11 @@ def test_bench_cell_table_json_plot(tmp_path, capsys):
     names = [r["name"] for r in data["results"]]
     assert names[:2] == ["python", "aten"] and "compile" in names
     assert all(r["timer_fwd_us"] > 0 and r["bwd_median_us"] > 0 for r in data["results"])
+    # Timer medians are the median of the interleaved rounds, each recorded.
+    for r in data["results"]:
+        fwds = sorted(f for f, _ in r["extra"]["timer_rounds_us"])
+        assert len(fwds) == 2 and r["timer_fwd_us"] == pytest.approx((fwds[0] + fwds[1]) / 2, abs=0.01)
+    assert data["meta"]["rounds"] == 2
     assert data["meta"]["torch"] == torch.__version__
     assert out_png.read_bytes()[:4] == b"\x89PNG"
 
@@ -66,6 +71,11 @@ def test_bench_sequence_mode(capsys):
     assert cli.main(["bench", "-b", "2", "-f", "3", "-s", "4", "--seq", "3", "--double", *QUICK]) == 0
     table = capsys.readouterr().out
     assert "sequence T=3" in table and "lstm |" in table and "float64" in table
+
+
+def test_bench_rejects_zero_rounds():
+    with pytest.raises(ValueError, match="--runs and --rounds must be at least 1"):
+        cli.main(["bench", "--rounds", "0", "--no-progress"])
 
 
 def test_bench_rejects_unknown_row():

@@ -81,25 +81,29 @@ CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
                        /*scale=*/1, /*input_scale=*/1, /*is_result=*/true,
                        candidate);
 
-  // dX = d_pre W, split into [old_h, input] by multiplying with the two
-  // column blocks of W (no split copy); dW = d_pre^T X, written block-wise.
-  // Each GEMM runs only if its gradient is asked for: inside a model the
-  // input often needs none, and these GEMMs are most of backward's work.
-  at::Tensor grad_input =
-      output_mask[0] ? d_pre.mm(weights.narrow(1, state, features)) : not_asked();
-  at::Tensor grad_old_h =
-      output_mask[3] ? d_pre.mm(weights.narrow(1, 0, state)) : not_asked();
-  at::Tensor grad_weights;
-  if (!output_mask[1]) {
-    grad_weights = not_asked();
+  // dX = d_pre W: (B, S + I) = [grad_old_h | grad_input]. With both asked
+  // for, one GEMM and two slice copies beat two GEMMs over W's column blocks:
+  // the copies move B (S + I) elements, the GEMM does 3S times that in
+  // multiply-adds, and at small sizes each GEMM call costs more than its
+  // arithmetic. With one asked for, one GEMM over its column block. (The
+  // outputs of an operator must not alias each other, hence the copies.)
+  // Backward's GEMMs run only for the gradients asked for: inside a model
+  // the input often needs none, and they are most of backward's work.
+  at::Tensor grad_input, grad_old_h;
+  if (output_mask[0] && output_mask[3]) {
+    const at::Tensor dX = d_pre.mm(weights);
+    // clone, not contiguous(): an empty or single-column slice counts as
+    // contiguous and would come back as a view of dX.
+    grad_old_h = dX.narrow(1, 0, state).clone(at::MemoryFormat::Contiguous);
+    grad_input = dX.narrow(1, state, features).clone(at::MemoryFormat::Contiguous);
   } else {
-    grad_weights = at::empty_like(weights, at::MemoryFormat::Contiguous);
-    at::Tensor grad_weights_h = grad_weights.narrow(1, 0, state);
-    at::Tensor grad_weights_x = grad_weights.narrow(1, state, features);
-    const at::Tensor d_pre_t = d_pre.t();
-    at::mm_out(grad_weights_h, d_pre_t, old_h);
-    at::mm_out(grad_weights_x, d_pre_t, input);
+    grad_input = output_mask[0] ? d_pre.mm(weights.narrow(1, state, features)) : not_asked();
+    grad_old_h = output_mask[3] ? d_pre.mm(weights.narrow(1, 0, state)) : not_asked();
   }
+  // dW = d_pre^T X with X = [old_h | input] rebuilt (B (S + I) elements
+  // copied for a GEMM of 3S times that), one GEMM instead of two.
+  at::Tensor grad_weights =
+      output_mask[1] ? d_pre.t().mm(at::cat({old_h, input}, 1)) : not_asked();
   at::Tensor grad_bias = output_mask[2] ? d_pre.sum(0) : not_asked();
   if (!output_mask[4]) grad_old_cell = not_asked();
   return {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};
