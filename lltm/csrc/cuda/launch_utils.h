@@ -68,7 +68,7 @@ inline bool packs_load_as_vectors(const at::Tensor& t, int V) {
 // until its GPU time exceeds the large path's wall time. Under CUDA graph
 // capture (torch.cuda.graph, torch.compile mode="reduce-overhead") launches
 // are free at replay and only GPU time counts. Measured on H100, see
-// docs/gpu_benchmarks_fused.md. LLTM_CUDA_PATH=small|blas forces one
+// docs/benchmarks.md. LLTM_CUDA_PATH=small|blas forces one
 // (benchmarks, tests).
 enum class Path { kSmall, kBlas };
 
