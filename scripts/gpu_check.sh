@@ -130,7 +130,7 @@ for path in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
 with open(os.path.join(out, "bench.json"), "w") as f:
     json.dump(tables, f, indent=1)
 EOF
-      grep -E "^LLTM cell|^ +(python|aten|fused|compile|compile-ro|lstmcell|gemm) \||GEMM floor" "$OUT/bench.log" >>"$SUMMARY"
+      grep -E "^LLTM cell|^ *(python|aten|fused|compile|compile-ro|lstmcell|gemm) \||GEMM floor" "$OUT/bench.log" >>"$SUMMARY"
       ;;
     memory)
       run_stage memory 300 "$PYTHON" benchmarks/conv_bn_memory.py --device cuda --markdown
