@@ -192,8 +192,9 @@ def _seq_cases(args, device: torch.device, dtype: torch.dtype) -> list[Case]:
     return cases
 
 
-def _time_case(case: Case, args, device: torch.device, progress) -> Result:
-    """The tutorial's method: host clock around each synchronised pass."""
+def _host_clock(case: Case, args, device: torch.device, progress) -> tuple[list[float], list[float]]:
+    """The tutorial's method: host clock around each synchronised pass;
+    returns the forward and backward times (s) of every pass."""
     for _ in range(args.warmup):  # compilation, caches, cuBLAS handles
         case.backward(case.forward())
     _sync(device)
@@ -211,17 +212,7 @@ def _time_case(case: Case, args, device: torch.device, progress) -> Result:
         bwd_times.append(t2 - t1)
         del outputs
         progress.update(1)
-    us = 1e6
-    return Result(
-        name=case.name,
-        fwd_median_us=statistics.median(fwd_times) * us,
-        fwd_min_us=min(fwd_times) * us,
-        bwd_median_us=statistics.median(bwd_times) * us,
-        bwd_min_us=min(bwd_times) * us,
-        timer_fwd_us=float("nan"),
-        timer_bwd_us=float("nan"),
-        note=case.note,
-    )
+    return fwd_times, bwd_times
 
 
 def _timer_round(case: Case, args) -> tuple[float, float]:
@@ -362,12 +353,12 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    results = []
     total = (args.runs + args.rounds) * len(cases)
     with tqdm(total=total, desc="lltm bench", unit="pass", disable=args.no_progress or None, file=sys.stderr) as progress:
+        clocks = []
         for case in cases:
             progress.set_postfix_str(case.name)
-            results.append(_time_case(case, args, device, progress))
+            clocks.append(_host_clock(case, args, device, progress))
         # The Timer rows are measured in rounds, every row once per round, and
         # each row reports its median over the rounds: a slow spell of a noisy
         # machine then hits every row alike instead of one row's whole sample.
@@ -377,10 +368,21 @@ def run(args: argparse.Namespace) -> int:
                 progress.set_postfix_str(f"{case.name} (Timer)")
                 rounds[i].append(_timer_round(case, args))
                 progress.update(1)
-        for r, samples in zip(results, rounds):
-            r.timer_fwd_us = statistics.median(f for f, _ in samples)
-            r.timer_bwd_us = statistics.median(b for _, b in samples)
-            r.extra["timer_rounds_us"] = [[round(f, 2), round(b, 2)] for f, b in samples]
+    us = 1e6
+    results = [
+        Result(
+            name=case.name,
+            fwd_median_us=statistics.median(fwd) * us,
+            fwd_min_us=min(fwd) * us,
+            bwd_median_us=statistics.median(bwd) * us,
+            bwd_min_us=min(bwd) * us,
+            timer_fwd_us=statistics.median(f for f, _ in samples),
+            timer_bwd_us=statistics.median(b for _, b in samples),
+            note=case.note,
+            extra={"timer_rounds_us": [[round(f, 2), round(b, 2)] for f, b in samples]},
+        )
+        for case, (fwd, bwd), samples in zip(cases, clocks, rounds)
+    ]
     base = next((r for r in results if r.name == "python"), None)
     if base is not None:
         for r in results:
