@@ -21,7 +21,7 @@ def _args(device="cpu", **kw):
 BAD = {
     # name: (argument index, replacement, exception, message regex)
     "input_1d": (0, torch.randn(I), ValueError, r"expected input to be a 2-D tensor \(batch, input_features\), but got a 1-D tensor of shape \[3\]"),
-    "wrong_features": (0, torch.randn(B, I + 2), ValueError, r"expected weights of shape \(3 \* state_size, state_size \+ input_features\) = \[15, 10\], but got \[15, 8\]"),
+    "wrong_features": (0, torch.randn(B, I + 2), ValueError, r"expected input with 3 input features \(weights.size\(1\) - state_size = 8 - 5\), but got input of shape \[4, 5\]"),
     "weights_not_3s": (1, torch.randn(14, S + I), ValueError, r"expected weights.size\(0\) to be 3 \* state_size, but got 14"),
     "bias_shape": (2, torch.randn(3 * S + 1), ValueError, r"expected bias of shape \(3 \* state_size,\) = \[15\], but got \[16\]"),
     "old_h_batch": (3, torch.randn(B + 1, S), ValueError, r"expected old_h of shape \(batch, state_size\) = \[4, 5\], but got \[5, 5\]"),

@@ -1,6 +1,6 @@
 // Registration of the fused CUDA backend: the CUDA kernels of
 // lltm::fused_cell_forward / lltm::fused_cell_backward (cell_forward.cu,
-// cell_backward.cu). Schemas are in ../ops.cpp, autograd in ../autograd.cpp,
+// cell_backward.cu). Schemas are in ../ops.cpp, autograd in ../autograd_*.cpp,
 // the autocast rule in autocast.cu.
 #include <torch/library.h>
 
