@@ -1,0 +1,49 @@
+// Pieces shared by the fused CPU operators (cell_cpu.cpp, seq_cpu.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+#include "pointwise.h"
+
+namespace lltm {
+namespace cpu {
+
+// Smallest share of one pointwise pass given to a thread, in state elements
+// (each has four transcendental functions forward, one backward). Below it,
+// waking a second thread costs more than it saves, so the tutorial's size
+// (16 x 128 = 2048 per step) stays on one thread.
+inline constexpr int64_t kGrainElements = 8192;
+
+// Runs f(begin, end) over the batch rows [0, batch), split across torch's
+// intra-op threads when each part gets at least kGrainElements elements.
+template <typename F>
+void for_rows(int64_t batch, int64_t state, const F& f) {
+  const int64_t grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(state, 1));
+  at::parallel_for(0, batch, grain, f);
+}
+
+// The pointwise kernels for `t`'s dtype at the CPU capability torch uses.
+inline PointwiseKernels kernels_for(const at::Tensor& t) {
+  const PointwiseKernels k = pointwise_kernels(t.scalar_type());
+  TORCH_CHECK(k.forward != nullptr && k.backward != nullptr,
+              "lltm: the fused CPU kernels have no build for dtype ", t.scalar_type());
+  return k;
+}
+
+inline bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
+// A contiguous copy (or the tensor itself when already contiguous) of an
+// optional tensor; undefined when absent.
+inline at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
+  return has(t) ? t->contiguous() : at::Tensor();
+}
+
+inline const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
+
+}  // namespace cpu
+}  // namespace lltm
