@@ -67,7 +67,10 @@ SeqForwardResult fused_seq_forward_cpu(const at::Tensor& input,                 
   // length); without, h_{t-1} is output[t - 1].
   at::Tensor h_carry = masked ? h0.clone(at::MemoryFormat::Contiguous) : at::Tensor();
   at::Tensor hproj = at::empty({batch, 3 * state}, options);  // h_{t-1} W_h^T
-  const at::Tensor w_h_t = w_h.t();
+  // W_h^T made contiguous once: MKL then runs the per-step GEMM without
+  // packing W_h again on every call (16 x 128 x 384: 10 us a step instead of
+  // 17 us, for a copy of ~35 us once per sequence).
+  const at::Tensor w_h_t = w_h.t().contiguous();  // (S, 3S)
   const int64_t* len_ptr = masked ? len.const_data_ptr<int64_t>() : nullptr;
   for (int64_t t = 0; t < steps; ++t) {
     const at::Tensor h_prev = masked ? h_carry : (t == 0 ? h0 : output[t - 1]);
