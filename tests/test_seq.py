@@ -343,3 +343,139 @@ def test_double_backward_is_a_clear_error(device, backend):
     (gx,) = torch.autograd.grad(new_h.sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="does not support double backward"):
         gx.sum().backward()
+
+
+# ---------------------------------------------------------------- CUDA only
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _rel_err(a, ref):
+    a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
+    return ((a - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _outputs_and_grads(fn, args, lengths=None, seed=3):
+    """(output, h_n, c_n, grad of every argument) under a fixed random loss."""
+    gen = torch.Generator().manual_seed(seed)
+    out, (h_n, c_n) = fn(*args, lengths=lengths)
+    weights = [torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.device, t.dtype) for t in (out, h_n, c_n)]
+    loss = sum((t * w).float().sum() for t, w in zip((out, h_n, c_n), weights))
+    leaves = [a for a in args if a is not None]
+    return (out, h_n, c_n) + torch.autograd.grad(loss, leaves)
+
+
+@cuda_only
+@pytest.mark.parametrize("backend", COMPILED)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("lengths", [None, [20, 3, 11, 0]], ids=["full", "lengths"])
+def test_half_precision_within_twice_plain_pytorch(backend, dtype, lengths):
+    """The error against float64 is at most twice that of the per-step
+    PyTorch reference run in the same dtype; every output is written."""
+    if not lltm._backends.is_available(backend, "cuda", "seq"):
+        pytest.skip(f"{backend} has no sequence operators on cuda")
+    args = make_seq(20, 4, 24, 64, device="cuda", dtype=dtype, seed=5)
+    lens = None if lengths is None else torch.tensor(lengths, device="cuda")
+    got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend=backend, **k), args, lens)
+    plain = _outputs_and_grads(lltm_reference, args, lens)
+    up = [a.detach().double().requires_grad_() for a in args]
+    ref = _outputs_and_grads(lltm_reference, up, lens)
+    for name, g, p, r in zip(("output", "h_n", "c_n") + NAMES, got, plain, ref):
+        assert g.dtype == dtype and torch.isfinite(g).all(), name
+        err, err_plain = _rel_err(g, r), _rel_err(p, r)
+        assert err <= 2 * err_plain + 1e-6, f"{name}: error {err:.2e} > 2 x plain PyTorch's {err_plain:.2e}"
+
+
+@cuda_only
+@pytest.mark.parametrize("backend", COMPILED)
+def test_outputs_fully_written(backend):
+    """Outputs come from the caching allocator poisoned with NaN first: every
+    element of every output and gradient must be written."""
+    if not lltm._backends.is_available(backend, "cuda", "seq"):
+        pytest.skip(f"{backend} has no sequence operators on cuda")
+    args = make_seq(9, 5, 7, 33, device="cuda", dtype=torch.float32, seed=7)
+    poison = torch.full((1 << 22,), float("nan"), device="cuda")
+    del poison  # the freed block is handed out again, NaN-filled
+    got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend=backend, **k), args)
+    ref = _outputs_and_grads(lltm_reference, [a.detach().double().cpu().requires_grad_() for a in args])
+    for name, g, r in zip(("output", "h_n", "c_n") + NAMES, got, ref):
+        assert torch.isfinite(g).all(), f"{name}: unwritten elements"
+        assert _rel_err(g, r) <= 1e-5, name
+
+
+@cuda_only
+@pytest.mark.parametrize("backend", COMPILED)
+def test_cuda_graph_capture_and_replay(backend):
+    """Forward and backward of a whole layer captured in one CUDA graph (no
+    host synchronisation inside), replayed on new inputs."""
+    if not lltm._backends.is_available(backend, "cuda", "seq"):
+        pytest.skip(f"{backend} has no sequence operators on cuda")
+    T, B, I, S = 12, 8, 16, 32
+    static = [a.detach().requires_grad_() for a in make_seq(T, B, I, S, device="cuda", dtype=torch.float32)]
+    static_g = [torch.randn(T, B, S, device="cuda"), torch.randn(B, S, device="cuda")]
+
+    def step():
+        out, (h_n, c_n) = functional.lltm(*static, backend=backend)
+        grads = torch.autograd.grad((out, c_n), static, static_g)
+        return (out, h_n, c_n) + grads
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    for seed in (11, 12):
+        fresh = make_seq(T, B, I, S, device="cuda", dtype=torch.float32, seed=seed, requires_grad=False)
+        fresh_g = [torch.randn_like(g) for g in static_g]
+        with torch.no_grad():
+            for dst, src in zip(static + static_g, list(fresh) + fresh_g):
+                dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        up = [a.double().cpu().requires_grad_() for a in fresh]
+        r_out, (r_h, r_c) = lltm_reference(*up)
+        r_grads = torch.autograd.grad((r_out, r_c), up, [g.double().cpu() for g in fresh_g])
+        for o, r in zip(outs, (r_out, r_h, r_c) + r_grads):
+            assert _rel_err(o, r) <= 1e-5
+
+
+@cuda_only
+@pytest.mark.parametrize("backend", COMPILED)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_autocast_layer(backend, dtype):
+    """Under torch.autocast the layer runs in the autocast dtype (like
+    nn.LSTM); float32 parameters get float32 gradients."""
+    model = lltm.LLTM(16, 32, num_layers=2, backend=backend, device="cuda")
+    x = torch.randn(10, 4, 16, device="cuda")
+    with torch.autocast("cuda", dtype=dtype):
+        out, (h_n, c_n) = model(x)
+    assert out.dtype == dtype
+    out.float().sum().backward()
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters())
+    ref = lltm.LLTM(16, 32, num_layers=2, backend="python", device="cuda", dtype=torch.float64)
+    ref.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    assert _rel_err(out, ref(x.double())[0]) <= 3e-2
+
+
+@cuda_only
+@pytest.mark.parametrize("backend", COMPILED)
+def test_other_current_device_and_side_stream(backend):
+    """Runs under a device guard on the input's device and on the current
+    stream (work queued on a side stream is ordered by it)."""
+    n = torch.cuda.device_count()
+    for k in range(n):
+        args = make_seq(6, 3, 5, 8, device=f"cuda:{k}", dtype=torch.float32, requires_grad=False)
+        side = torch.cuda.Stream(device=k)
+        side.wait_stream(torch.cuda.current_stream(k))
+        with torch.cuda.device((k + 1) % n), torch.cuda.stream(side):
+            x = args[0] * 1.0  # produced on the side stream, consumed there
+            out, (h_n, c_n) = functional.lltm(x, *args[1:], backend=backend)
+            assert torch.cuda.current_device() == (k + 1) % n
+        side.synchronize()
+        ref, (r_h, r_c) = lltm_reference(*[a.double().cpu() for a in args])
+        assert out.device == torch.device(f"cuda:{k}")
+        assert _rel_err(out, ref) <= 1e-5 and _rel_err(c_n, r_c) <= 1e-5
