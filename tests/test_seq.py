@@ -471,10 +471,11 @@ def test_other_current_device_and_side_stream(backend):
         args = make_seq(6, 3, 5, 8, device=f"cuda:{k}", dtype=torch.float32, requires_grad=False)
         side = torch.cuda.Stream(device=k)
         side.wait_stream(torch.cuda.current_stream(k))
-        with torch.cuda.device((k + 1) % n), torch.cuda.stream(side):
+        with torch.cuda.stream(side):  # the current stream of device k
             x = args[0] * 1.0  # produced on the side stream, consumed there
-            out, (h_n, c_n) = functional.lltm(x, *args[1:], backend=backend)
-            assert torch.cuda.current_device() == (k + 1) % n
+            with torch.cuda.device((k + 1) % n):
+                out, (h_n, c_n) = functional.lltm(x, *args[1:], backend=backend)
+                assert torch.cuda.current_device() == (k + 1) % n
         side.synchronize()
         ref, (r_h, r_c) = lltm_reference(*[a.double().cpu() for a in args])
         assert out.device == torch.device(f"cuda:{k}")
