@@ -8,7 +8,7 @@
 2. GPU time per kernel (torch.profiler) of a few forward+backward steps at
    the given large sizes: GEMMs, pointwise passes, anything else.
 
-    python scripts/cuda_profile.py [--host-sizes 16x32x128,...] [--kernel-sizes 4096x1024x1024] [--dtypes float32,bfloat16]
+    python -m lltm.bench.cuda_profile [--host-sizes 16x32x128,...] [--kernel-sizes 4096x1024x1024] [--dtypes float32,bfloat16]
 """
 
 from __future__ import annotations

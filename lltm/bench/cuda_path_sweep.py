@@ -1,6 +1,7 @@
 """Times the two implementations of the fused CUDA backend against each other
 and against the bare GEMMs, to place the small/blas switch
-(kSmallPathMaxMacs in lltm/csrc/cuda/launch_utils.h) and to split each
+(kSmallPathMaxMacsEager / kSmallPathMaxMacsGraph in
+lltm/csrc/cuda/launch_utils.h) and to split each
 step's time into GEMM floor and the rest.
 
 For each size and path (LLTM_CUDA_PATH=small|blas):
@@ -11,7 +12,7 @@ For each size and path (LLTM_CUDA_PATH=small|blas):
 - gemm: GPU time of the bare GEMMs of the same shapes (addmm forward,
   mm + mm backward), from graph replays too.
 
-    python scripts/cuda_path_sweep.py [--sizes 16x32x128,...] [--dtype float32] [--json FILE]
+    python -m lltm.bench.cuda_path_sweep [--sizes 16x32x128,...] [--dtype float32] [--json FILE]
 """
 
 from __future__ import annotations
