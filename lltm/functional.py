@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from lltm import _backends, _extension
-from lltm._checks import check_cell_args
+from lltm._checks import bias_vector, check_cell_args, check_tensors
 from lltm.reference import lltm_cell_reference
 
 __all__ = ["lltm_cell", "lltm"]
@@ -42,10 +42,14 @@ def lltm_cell(
 ) -> tuple[Tensor, Tensor]:
     """One LLTM step.
 
-    input: (B, I); weights: (3S, S + I); bias: (3S,) or None;
-    old_h, old_cell: (B, S). Returns (new_h, new_cell), each (B, S).
+    input: (B, I); weights: (3S, S + I); bias: (3S,), (1, 3S) (extension-cpp's
+    layout; its gradient keeps that shape) or None; old_h, old_cell: (B, S).
+    Returns (new_h, new_cell), each (B, S).
     """
-    name = _backends.resolve(backend, input.device.type if isinstance(input, Tensor) else "cpu")
+    op = "lltm.functional.lltm_cell"
+    check_tensors(op, input=input, weights=weights, bias=bias, old_h=old_h, old_cell=old_cell)
+    bias = bias_vector(op, bias)
+    name = _backends.resolve(backend, input.device.type)
     if name == "python":
         check_cell_args("lltm.functional.lltm_cell", input, weights, bias, old_h, old_cell)
         return lltm_cell_reference(input, weights, bias, old_h, old_cell)
@@ -64,9 +68,11 @@ def lltm(
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """One LLTM layer over a sequence, time-major.
 
-    input: (T, B, I); weights: (3S, S + I); bias: (3S,) or None;
+    input: (T, B, I); weights: (3S, S + I); bias: (3S,), (1, 3S) or None;
     h0, c0: (B, S). Returns (output (T, B, S), (h_n (B, S), c_n (B, S))).
     """
+    check_tensors("lltm.functional.lltm", input=input, weights=weights, bias=bias, h0=h0, c0=c0)
+    bias = bias_vector("lltm.functional.lltm", bias)
     if not isinstance(input, Tensor) or input.dim() != 3:
         shape = list(input.shape) if isinstance(input, Tensor) else type(input).__name__
         raise ValueError(

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lltm import functional
+from lltm._checks import check_size, unpack_state
 
 __all__ = ["LLTMCell", "LLTM"]
 
@@ -17,11 +18,18 @@ State = tuple[Tensor, Tensor]
 
 
 def _check_backend_name(backend: str) -> str:
-    from lltm._backends import NAMES
+    from lltm._backends import NAMES, unknown_backend
 
     if backend != "auto" and backend not in NAMES:
-        raise ValueError(f"lltm: unknown backend {backend!r}; choose 'auto' or one of {', '.join(map(repr, NAMES))}")
+        raise ValueError(unknown_backend(backend))
     return backend
+
+
+def _bias_from_extension_cpp(module, state_dict, prefix, *args) -> None:
+    """extension-cpp's LLTM keeps its bias as (1, 3S): load it as (3S,)."""
+    bias = state_dict.get(prefix + "bias")
+    if isinstance(bias, Tensor) and bias.dim() == 2 and bias.shape[0] == 1:
+        state_dict[prefix + "bias"] = bias.reshape(bias.shape[1])
 
 
 class LLTMCell(nn.Module):
@@ -46,6 +54,8 @@ class LLTMCell(nn.Module):
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
+        check_size("lltm.LLTMCell", "input_features", input_features, 0)
+        check_size("lltm.LLTMCell", "state_size", state_size, 1)
         factory = {"device": device, "dtype": dtype}
         self.input_features = input_features
         self.state_size = state_size
@@ -55,6 +65,7 @@ class LLTMCell(nn.Module):
             self.bias = nn.Parameter(torch.empty(3 * state_size, **factory))
         else:
             self.register_parameter("bias", None)
+        self.register_load_state_dict_pre_hook(_bias_from_extension_cpp)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -66,7 +77,7 @@ class LLTMCell(nn.Module):
         if state is None:
             zeros = input.new_zeros((input.shape[0], self.state_size))
             state = (zeros, zeros)
-        old_h, old_cell = state
+        old_h, old_cell = unpack_state("lltm.LLTMCell", state, "(batch, state_size)")
         return functional.lltm_cell(input, self.weights, self.bias, old_h, old_cell, backend=self.backend)
 
     def extra_repr(self) -> str:
@@ -100,6 +111,8 @@ class LLTM(nn.Module):
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
+        check_size("lltm.LLTM", "input_size", input_size, 0)
+        check_size("lltm.LLTM", "state_size", state_size, 1)
         if num_layers < 1:
             raise ValueError(f"lltm.LLTM: num_layers must be at least 1, got {num_layers}")
         if not 0.0 <= dropout <= 1.0:
@@ -138,7 +151,7 @@ class LLTM(nn.Module):
         if state is None:
             h0 = c0 = x.new_zeros(expected)
         else:
-            h0, c0 = state
+            h0, c0 = unpack_state("lltm.LLTM", state, "(num_layers, batch, state_size)")
             for t, name in ((h0, "h0"), (c0, "c0")):
                 if tuple(t.shape) != expected:
                     raise ValueError(

@@ -18,6 +18,9 @@ void check_rank(const char* op, const at::Tensor& t, const char* name,
                 int64_t rank, const char* layout) {
   TORCH_CHECK_VALUE(t.defined(), op, ": ", name, " is undefined; expected a tensor ",
               layout);
+  TORCH_CHECK_TYPE(t.layout() == at::kStrided, op, ": expected ", name,
+                   " to be a dense (strided) tensor, but got layout ",
+                   t.layout(), " (call .to_dense())");
   TORCH_CHECK_VALUE(t.dim() == rank, op, ": expected ", name, " to be a ", rank,
               "-D tensor ", layout, ", but got a ", t.dim(),
               "-D tensor of shape ", t.sizes());
@@ -41,6 +44,20 @@ void check_like(const char* op, const at::Tensor& t, const char* name,
               t.device(), " (move all arguments to one device)");
 }
 
+// Weights (3S, S + I) fix the input width I: a wrong one names the input and
+// the feature count the weights expect (the weights are blamed by the shape
+// check that follows only when no input width could fit them).
+void check_input_width(const char* op, const at::Tensor& input,
+                       const at::Tensor& weights) {
+  const int64_t state = weights.size(0) / 3;
+  const int64_t expected = weights.size(1) - state;
+  TORCH_CHECK_VALUE(expected < 0 || input.size(1) == expected, op,
+                    ": expected input of shape (batch, input_features) = [",
+                    input.size(0), ", ", expected, "] (weights ", weights.sizes(),
+                    " are for state_size ", state, " and ", expected,
+                    " input features), but got ", input.sizes());
+}
+
 }  // namespace
 
 void check_cell_forward_args(const char* op, const at::Tensor& input,
@@ -61,6 +78,7 @@ void check_cell_forward_args(const char* op, const at::Tensor& input,
   const int64_t batch = input.size(0);
   const int64_t features = input.size(1);
   const int64_t state = weights.size(0) / 3;
+  check_input_width(op, input, weights);
   check_shape(op, weights, "weights", {3 * state, state + features},
               "(3 * state_size, state_size + input_features)");
   check_like(op, weights, "weights", input, "input");
@@ -93,6 +111,7 @@ void check_cell_backward_args(const char* op, const at::Tensor& grad_h,
   const int64_t batch = input.size(0);
   const int64_t features = input.size(1);
   const int64_t state = weights.size(0) / 3;
+  check_input_width(op, input, weights);
   check_shape(op, weights, "weights", {3 * state, state + features},
               "(3 * state_size, state_size + input_features)");
   check_like(op, weights, "weights", input, "input");
