@@ -21,7 +21,13 @@ def _inputs(batch: int, features: int, state: int, device: torch.device, seed: i
         t = torch.rand(*shape, generator=gen, dtype=torch.float64) * 2 - 1
         return t.to(device).requires_grad_()
 
-    return (rand(batch, features), rand(3 * state, state + features), rand(3 * state), rand(batch, state), rand(batch, state))
+    return (
+        rand(batch, features),
+        rand(3 * state, state + features),
+        rand(3 * state),
+        rand(batch, state),
+        rand(batch, state),
+    )
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
@@ -45,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
         print("lltm check: --device cuda asked for, but torch sees no CUDA device", file=sys.stderr)
         return 2
     names = [n for n, ok in _backends.backends(device).items() if ok]
-    print(f"lltm check on {device}, float64, batch {args.batch_size}, features {args.features}, state {args.state_size}")
+    print(
+        f"lltm check on {device}, float64, batch {args.batch_size}, features {args.features}, state {args.state_size}"
+    )
     print("available backends: " + ", ".join(names))
     inputs = _inputs(args.batch_size, args.features, args.state_size, device, args.seed)
     weights_out = [torch.rand(args.batch_size, args.state_size, dtype=torch.float64, device=device) for _ in range(2)]

@@ -66,7 +66,8 @@ def _info(args: argparse.Namespace) -> int:
     else:
         info = _extension.build_info()
         built = "C++ and CUDA" if info.get("cuda") == "1" else "C++ only"
-        print(f"build mode: {'ahead of time (lltm._C)' if mode == 'aot' else 'just in time (torch.utils.cpp_extension.load)'}, {built}")
+        how = "ahead of time (lltm._C)" if mode == "aot" else "just in time (torch.utils.cpp_extension.load)"
+        print(f"build mode: {how}, {built}")
         if info.get("cuda") == "1":
             print(f"extension CUDA archs (__CUDA_ARCH_LIST__): {info.get('arch', '?')}")
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -77,7 +77,9 @@ def parse_rows(text: str) -> list[str]:
     names = [ALIASES.get(n.strip(), n.strip()) for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in ROWS]
     if unknown or not names:
-        raise ValueError(f"unknown row {', '.join(map(repr, unknown)) or '(none given)'}; choose from {', '.join(ROWS)}")
+        raise ValueError(
+            f"unknown row {', '.join(map(repr, unknown)) or '(none given)'}; choose from {', '.join(ROWS)}"
+        )
     return list(dict.fromkeys(names))  # once each, in the order given
 
 
@@ -176,7 +178,9 @@ def cell_case(name: str, cfg: Config) -> Case:
         cell = nn.LSTMCell(I, S, device=cfg.device, dtype=cfg.dtype)
         params = list(cell.parameters())
         cell_backward = _autograd_backward(grads, [x, h, c, *params], cfg.accumulate_grads)
-        return Case(name, lambda: cell(x, (h, c)), cell_backward, note="nn.LSTMCell, same state size", parameters=params)
+        return Case(
+            name, lambda: cell(x, (h, c)), cell_backward, note="nn.LSTMCell, same state size", parameters=params
+        )
     if name == "gemm":
         # The floor: the GEMMs every backend must run. Forward: gates =
         # addmm(b, X, W^T); backward: dX = dG W and dW = dG^T X.
@@ -188,7 +192,9 @@ def cell_case(name: str, cfg: Config) -> Case:
             torch.mm(dG, Wd)
             torch.mm(dG.t(), X)
 
-        return Case(name, lambda: (torch.addmm(bd, X, Wd.t()),), gemm_bwd, note="bare GEMMs: addmm / two mm", autograd=False)
+        return Case(
+            name, lambda: (torch.addmm(bd, X, Wd.t()),), gemm_bwd, note="bare GEMMs: addmm / two mm", autograd=False
+        )
     raise ValueError(f"unknown row {name!r}")
 
 

@@ -35,8 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"  {name:<12} {what}" for name, what in rows_mod.ROWS.items()
     )
     p.epilog += (
-        f"\ndefault rows: {','.join(rows_mod.CELL_DEFAULT)} (cell mode), "
-        f"{','.join(rows_mod.SEQ_DEFAULT)} (--seq)"
+        f"\ndefault rows: {','.join(rows_mod.CELL_DEFAULT)} (cell mode), {','.join(rows_mod.SEQ_DEFAULT)} (--seq)"
     )
     p.add_argument("-b", "--batch-size", type=int_at_least(1), default=16)
     p.add_argument("-f", "--features", type=int_at_least(1), default=32, help="input features")

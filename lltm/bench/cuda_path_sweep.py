@@ -133,7 +133,8 @@ def main():
     torch.cuda.synchronize()
     rows = []
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; µs")
-    hdr = f"{'size':>16} {'path':>6} {'eager q':>9} {'eager s':>9} {'gpu fwd':>9} {'gpu f+b':>9} {'gemm f':>8} {'gemm b':>8} {'fwd/gemm':>8} {'bwd/gemm':>8}"
+    hdr = f"{'size':>16} {'path':>6} {'eager q':>9} {'eager s':>9} {'gpu fwd':>9} {'gpu f+b':>9} "
+    hdr += f"{'gemm f':>8} {'gemm b':>8} {'fwd/gemm':>8} {'bwd/gemm':>8}"
     print(hdr)
     for size in args.sizes.split(","):
         B, I, S = (int(v) for v in size.split("x"))
@@ -145,7 +146,8 @@ def main():
             bwd = r["graph_step_us"] - r["graph_fwd_us"]
             print(
                 f"{size:>16} {path:>6} {r['eager_step_queued_us']:9.1f} {r['eager_step_sync_us']:9.1f} "
-                f"{r['graph_fwd_us']:9.1f} {r['graph_step_us']:9.1f} {floor['gemm_fwd_us']:8.1f} {floor['gemm_bwd_us']:8.1f} "
+                f"{r['graph_fwd_us']:9.1f} {r['graph_step_us']:9.1f} "
+                f"{floor['gemm_fwd_us']:8.1f} {floor['gemm_bwd_us']:8.1f} "
                 f"{r['graph_fwd_us'] / floor['gemm_fwd_us']:8.2f} {bwd / floor['gemm_bwd_us']:8.2f}",
                 flush=True,
             )
