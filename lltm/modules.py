@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from lltm import functional
+from lltm._checks import check_size, unpack_state
 
 __all__ = ["LLTMCell", "LLTM"]
 
@@ -19,11 +20,18 @@ State = tuple[Tensor, Tensor]
 
 
 def _check_backend_name(backend: str) -> str:
-    from lltm._backends import NAMES
+    from lltm._backends import NAMES, unknown_backend
 
     if backend != "auto" and backend not in NAMES:
-        raise ValueError(f"lltm: unknown backend {backend!r}; choose 'auto' or one of {', '.join(map(repr, NAMES))}")
+        raise ValueError(unknown_backend(backend))
     return backend
+
+
+def _bias_from_extension_cpp(module, state_dict, prefix, *args) -> None:
+    """extension-cpp's LLTM keeps its bias as (1, 3S): load it as (3S,)."""
+    bias = state_dict.get(prefix + "bias")
+    if isinstance(bias, Tensor) and bias.dim() == 2 and bias.shape[0] == 1:
+        state_dict[prefix + "bias"] = bias.reshape(bias.shape[1])
 
 
 class LLTMCell(nn.Module):
@@ -48,6 +56,8 @@ class LLTMCell(nn.Module):
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
+        check_size("lltm.LLTMCell", "input_features", input_features, 0)
+        check_size("lltm.LLTMCell", "state_size", state_size, 1)
         factory = {"device": device, "dtype": dtype}
         self.input_features = input_features
         self.state_size = state_size
@@ -57,6 +67,7 @@ class LLTMCell(nn.Module):
             self.bias = nn.Parameter(torch.empty(3 * state_size, **factory))
         else:
             self.register_parameter("bias", None)
+        self.register_load_state_dict_pre_hook(_bias_from_extension_cpp)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -68,7 +79,7 @@ class LLTMCell(nn.Module):
         if state is None:
             zeros = input.new_zeros((input.shape[0], self.state_size))
             state = (zeros, zeros)
-        old_h, old_cell = state
+        old_h, old_cell = unpack_state("lltm.LLTMCell", state, "(batch, state_size)")
         return functional.lltm_cell(input, self.weights, self.bias, old_h, old_cell, backend=self.backend)
 
     def extra_repr(self) -> str:
@@ -111,11 +122,9 @@ class LLTM(nn.Module):
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
-        if not isinstance(state_size, int) or state_size < 1:
-            raise ValueError(f"lltm.LLTM: state_size must be a positive integer, got {state_size!r}")
-        if not isinstance(input_size, int) or input_size < 0:
-            raise ValueError(f"lltm.LLTM: input_size must be a non-negative integer, got {input_size!r}")
-        if not isinstance(num_layers, int) or num_layers < 1:
+        check_size("lltm.LLTM", "input_size", input_size, 0)
+        check_size("lltm.LLTM", "state_size", state_size, 1)
+        if num_layers < 1:
             raise ValueError(f"lltm.LLTM: num_layers must be at least 1, got {num_layers}")
         if not 0.0 <= dropout <= 1.0:
             raise ValueError(f"lltm.LLTM: dropout must be a probability in [0, 1], got {dropout}")
@@ -167,7 +176,9 @@ class LLTM(nn.Module):
             if not isinstance(input, Tensor) or input.dim() != 3:
                 layout = "(batch, seq_len, input_size)" if self.batch_first else "(seq_len, batch, input_size)"
                 got = list(input.shape) if isinstance(input, Tensor) else type(input).__name__
-                raise ValueError(f"lltm.LLTM: expected input to be a 3-D tensor {layout} or a PackedSequence, but got {got}")
+                raise ValueError(
+                    f"lltm.LLTM: expected input to be a 3-D tensor {layout} or a PackedSequence, but got {got}"
+                )
             x = input.transpose(0, 1) if self.batch_first else input
         if x.shape[2] != self.input_size:
             raise ValueError(
@@ -217,10 +228,7 @@ class LLTM(nn.Module):
         if state is None:
             zeros = x.new_zeros(expected)
             return zeros, zeros
-        if not isinstance(state, (tuple, list)) or len(state) != 2:
-            got = f"a {type(state).__name__}" + (f" of length {len(state)}" if isinstance(state, (tuple, list)) else "")
-            raise ValueError(f"lltm.LLTM: expected state to be None or a pair (h0, c0), each {layout}, but got {got}")
-        h0, c0 = state
+        h0, c0 = unpack_state("lltm.LLTM", state, layout)
         for t, name in ((h0, "h0"), (c0, "c0")):
             if not isinstance(t, Tensor):
                 raise ValueError(f"lltm.LLTM: expected {name} to be a tensor {layout}, but got {type(t).__name__}")

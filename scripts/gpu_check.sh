@@ -9,11 +9,11 @@
 #   sanitize  compute-sanitizer memcheck over a subset of tests/test_cuda.py,
 #             with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that out-of-bounds
 #             accesses cannot hide in the caching allocator's slack
-#   profile   scripts/cuda_profile.py: host cost per call, GPU time per kernel
-#   sweep     scripts/cuda_path_sweep.py: small vs cuBLAS path, GEMM floor
+#   profile   python -m lltm.bench.cuda_profile: host cost per call, GPU time per kernel
+#   sweep     python -m lltm.bench.cuda_path_sweep: small vs cuBLAS path, GEMM floor
 #   check     lltm info; lltm check --device cuda
 #   bench     lltm bench --device cuda at the sizes, float32 and bfloat16
-#   memory    benchmarks/conv_bn_memory.py --device cuda (fused Conv2d+BatchNorm2d)
+#   memory    python -m lltm.bench.conv_bn_memory --device cuda (fused Conv2d+BatchNorm2d)
 #
 # Logs go to $OUT (default ./gpu_check_out): summary.txt, printed last, and
 # logs.tar.gz with one log per stage (and JSON results). Stages do not stop the script
@@ -36,7 +36,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY=$OUT/summary.txt
 SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test testall sanitize check profile sweep bench)
+[ ${#stages[@]} -eq 0 ] && stages=(build test testall sanitize check profile sweep bench memory)
 status=0
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -96,11 +96,11 @@ for stage in "${stages[@]}"; do
       grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -n 3 | sed 's/^/          /' | tee -a "$SUMMARY"
       ;;
     profile)
-      run_stage profile 240 "$PYTHON" scripts/cuda_profile.py
+      run_stage profile 240 "$PYTHON" -m lltm.bench.cuda_profile
       ;;
     sweep)
-      run_stage sweep 300 "$PYTHON" scripts/cuda_path_sweep.py --json "$OUT/sweep.json"
-      run_stage sweep 200 "$PYTHON" scripts/cuda_path_sweep.py --dtype bfloat16 \
+      run_stage sweep 300 "$PYTHON" -m lltm.bench.cuda_path_sweep --json "$OUT/sweep.json"
+      run_stage sweep 200 "$PYTHON" -m lltm.bench.cuda_path_sweep --dtype bfloat16 \
         --sizes 16x32x128,64x1024x128,256x512x512,4096x1024x1024
       ;;
     check)
@@ -130,10 +130,10 @@ for path in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
 with open(os.path.join(out, "bench.json"), "w") as f:
     json.dump(tables, f, indent=1)
 EOF
-      grep -E "^LLTM cell|^ *(python|aten|fused|compile|compile-ro|lstmcell|gemm) \||GEMM floor" "$OUT/bench.log" >>"$SUMMARY"
+      grep -E "^LLTM (cell|sequence)|^ *(python|aten|fused|compile|compile-ro|lstm|lstm-notf32|gemm) \||^time / |^skipped" "$OUT/bench.log" >>"$SUMMARY"
       ;;
     memory)
-      run_stage memory 300 "$PYTHON" benchmarks/conv_bn_memory.py --device cuda --markdown
+      run_stage memory 300 "$PYTHON" -m lltm.bench.conv_bn_memory --device cuda --markdown
       tail -n 25 "$OUT/memory.log" >>"$SUMMARY"
       ;;
     *)

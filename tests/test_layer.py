@@ -132,8 +132,8 @@ def test_dropout_with_one_layer_warns_like_nn_lstm():
 @pytest.mark.parametrize(
     "state, message",
     [
-        (lambda: torch.zeros(1, 2, 5), r"expected state to be None or a pair \(h0, c0\).*but got a Tensor"),
-        (lambda: (torch.zeros(1, 2, 5),), r"expected state to be None or a pair \(h0, c0\).*tuple of length 1"),
+        (lambda: torch.zeros(1, 2, 5), r"expected state to be None or a tuple \(h, c\) of two tensors.*but got Tensor"),
+        (lambda: (torch.zeros(1, 2, 5),), r"expected state to be None or a tuple \(h, c\).*tuple of length 1"),
         (lambda: (torch.zeros(2, 2, 5), torch.zeros(1, 2, 5)), r"expected h0 of shape .* = \[1, 2, 5\], but got \[2, 2, 5\]"),
     ],
     ids=["tensor", "1-tuple", "h0-shape"],
@@ -144,7 +144,7 @@ def test_bad_state_is_a_clear_error(state, message):
 
 
 def test_bad_sizes_are_clear_errors():
-    with pytest.raises(ValueError, match="state_size must be a positive integer"):
+    with pytest.raises(ValueError, match="state_size must be an integer of at least 1"):
         lltm.LLTM(3, 0)
     with pytest.raises(ValueError, match=r"expected input with input_size = 3 features, but got 4"):
         lltm.LLTM(3, 5)(torch.randn(4, 2, 4))
