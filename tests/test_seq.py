@@ -480,3 +480,19 @@ def test_other_current_device_and_side_stream(backend):
         ref, (r_h, r_c) = lltm_reference(*[a.double().cpu() for a in args])
         assert out.device == torch.device(f"cuda:{k}")
         assert _rel_err(out, ref) <= 1e-5 and _rel_err(c_n, r_c) <= 1e-5
+
+
+@pytest.mark.parametrize("device,backend", backend_params(devices=["cpu"], backends=COMPILED))
+def test_export_with_dynamic_length(device, backend):
+    """torch.export of a 2-layer model with a symbolic T: the graph holds one
+    sequence operator per layer and the exported program runs any length."""
+    if not lltm._backends.is_available(backend, device, "seq"):
+        pytest.skip(f"{backend} has no sequence operators on {device}")
+    model = lltm.LLTM(3, 4, num_layers=2, backend=backend, device=device)
+    steps = torch.export.Dim("T", min=2, max=1024)
+    ep = torch.export.export(model, (torch.randn(6, 2, 3, device=device),), dynamic_shapes=({0: steps},))
+    ops = [n for n in ep.graph.nodes if f"{backend}_seq_forward" in str(n.target)]
+    assert len(ops) == 2
+    for T in (3, 17, 100):
+        x = torch.randn(T, 2, 3, device=device)
+        torch.testing.assert_close(ep.module()(x), model(x))
