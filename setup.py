@@ -24,26 +24,20 @@ def _load_sources_module():
     return module
 
 
-def _want_cuda() -> bool:
-    flag = os.environ.get("USE_CUDA")
-    if flag is not None:
-        return flag not in ("0", "", "false", "OFF")
-    import torch
-
-    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
-
-
 def _extension():
     src = _load_sources_module()
-    with_cuda = _want_cuda()
+    with_cuda = src.want_cuda()
     debug = os.environ.get("DEBUG", "0") == "1"
     root = os.path.dirname(os.path.abspath(__file__))
     sources = [os.path.relpath(p, root) for p in src.sources(with_cuda)]
+    # A changed header rebuilds too (build_ext compares these with lltm/_C*.so;
+    # ninja then recompiles only the objects whose dependencies changed).
+    depends = [os.path.relpath(p, root) for p in src.headers()]
     kind = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension
     extra = {"cxx": src.cxx_flags(with_cuda, debug)}
     if with_cuda:
         extra["nvcc"] = src.nvcc_flags(debug)
-    return kind("lltm._C", sources, extra_compile_args=extra)
+    return kind("lltm._C", sources, depends=depends, extra_compile_args=extra)
 
 
 setup(

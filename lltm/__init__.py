@@ -11,8 +11,7 @@ Backends: "python" (pure PyTorch), "aten" (C++ with ATen ops) and "fused"
 (hand-written kernels), the last two as torch.ops.lltm custom operators.
 """
 
-from lltm import _extension
-from lltm import functional
+from lltm import _extension, functional
 from lltm._backends import backends
 from lltm.modules import LLTM, LLTMCell
 

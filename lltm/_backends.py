@@ -10,6 +10,8 @@ from lltm import _extension
 
 NAMES = ("python", "aten", "fused")  # the compiled ones must match lltm/csrc/backends.h
 FAMILIES = ("cell", "seq")  # operator families: one step, a whole layer
+# The names of the tutorial (extension-cpp): what each is called here.
+TUTORIAL_NAMES = {"py": "python", "cpp": "aten", "cuda": "fused"}
 # "auto" takes the first available in this order: fastest first.
 AUTO_ORDER = ("fused", "aten", "python")
 
@@ -21,7 +23,16 @@ def _has_kernel(op: str, key: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"lltm::{op}", key)
 
 
+def _device_usable(device_type: str) -> bool:
+    """No backend runs on a device torch cannot use (cuda on a CPU-only torch)."""
+    if device_type == "cuda":
+        return torch.cuda.is_available()
+    return True
+
+
 def _compute(name: str, device_type: str, family: str) -> bool:
+    if not _device_usable(device_type):
+        return False
     if name == "python":
         return True
     if _extension.try_load() is None:
@@ -63,6 +74,17 @@ def _unavailable(backend: str, device_type: str) -> str:
     return msg
 
 
+def unknown_backend(backend: str, device_type: Optional[str] = None) -> str:
+    """The message for a backend name lltm does not know; the tutorial's
+    names are answered with the lltm backend they correspond to."""
+    msg = f"lltm: unknown backend {backend!r}; choose 'auto' or one of {', '.join(map(repr, NAMES))}"
+    if device_type is not None:
+        msg += f" (available on {device_type}: {', '.join(repr(n) for n in NAMES if is_available(n, device_type))})"
+    if backend in TUTORIAL_NAMES:
+        msg += f". The tutorial's {backend!r} backend is lltm's {TUTORIAL_NAMES[backend]!r}"
+    return msg
+
+
 # Runs eagerly even under torch.compile: the choice is a constant of the graph.
 @torch.compiler.assume_constant_result
 def has_seq_ops(name: str, device_type: str) -> bool:
@@ -80,11 +102,7 @@ def resolve(backend: str, device_type: str) -> str:
             if is_available(name, device_type):
                 return name
     if backend not in NAMES:
-        have = ", ".join(repr(n) for n in NAMES if is_available(n, device_type))
-        raise ValueError(
-            f"lltm: unknown backend {backend!r}; choose 'auto' or one of {', '.join(map(repr, NAMES))} "
-            f"(available on {device_type}: {have})"
-        )
+        raise ValueError(unknown_backend(backend, device_type))
     if not is_available(backend, device_type):
         raise RuntimeError(_unavailable(backend, device_type))
     return backend

@@ -8,7 +8,7 @@ dtypes, RuntimeError for a device mix.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -24,9 +24,22 @@ def _shape(t: Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
-def _rank(op: str, t: Optional[Tensor], name: str, rank: int, layout: str) -> None:
+def _tensor(op: str, t: Any, name: str, layout: str) -> None:
+    """A dense torch.Tensor: lists, arrays and sparse tensors are refused alike
+    on every backend (TypeError), before any backend sees them."""
     if not isinstance(t, Tensor):
-        raise ValueError(f"{op}: {name} is {type(t).__name__}; expected a tensor {layout}")
+        raise TypeError(
+            f"{op}: expected {name} to be a torch.Tensor {layout}, but got {type(t).__name__} "
+            "(convert it with torch.as_tensor)"
+        )
+    if t.layout != torch.strided:
+        raise TypeError(
+            f"{op}: expected {name} to be a dense (strided) tensor, but got layout {t.layout} (call .to_dense())"
+        )
+
+
+def _rank(op: str, t: Optional[Tensor], name: str, rank: int, layout: str) -> None:
+    _tensor(op, t, name, layout)
     if t.dim() != rank:
         raise ValueError(
             f"{op}: expected {name} to be a {rank}-D tensor {layout}, "
@@ -83,11 +96,14 @@ def _weights(op: str, weights: Tensor, input: Tensor, input_name: str = "input")
         )
     state = weights.shape[0] // 3
     if weights.shape[1] < state:
-        raise ValueError(f"{op}: expected weights of shape {_WEIGHTS} with state_size = {state}, but got {_shape(weights)}")
+        raise ValueError(
+            f"{op}: expected weights of shape {_WEIGHTS} with state_size = {state}, but got {_shape(weights)}"
+        )
     if weights.shape[1] != state + input.shape[-1]:
         raise ValueError(
             f"{op}: expected {input_name} with {weights.shape[1] - state} input features "
-            f"(weights.size(1) - state_size = {weights.shape[1]} - {state}), but got {input_name} of shape {_shape(input)}"
+            f"(weights.size(1) - state_size = {weights.shape[1]} - {state}), "
+            f"but got {input_name} of shape {_shape(input)}"
         )
     _like(op, weights, "weights", input)
     return state
@@ -162,3 +178,51 @@ def check_seq_args(
                 f"but got {lengths.device} (move all arguments to one device)"
             )
     return steps, batch, features, state
+
+
+def bias_vector(op: str, bias: Optional[Tensor]) -> Optional[Tensor]:
+    """bias (3S,) as is; (1, 3S) (extension-cpp's layout) as a (3S,) view, so
+    autograd hands its gradient back in the caller's (1, 3S) shape."""
+    if bias is None:
+        return None
+    _tensor(op, bias, "bias", "(3 * state_size,)")
+    if bias.dim() == 2 and bias.shape[0] == 1:
+        return bias.reshape(bias.shape[1])
+    if bias.dim() != 1:
+        raise ValueError(
+            f"{op}: expected bias of shape (3 * state_size,) or (1, 3 * state_size), but got {_shape(bias)}"
+        )
+    return bias
+
+
+def check_tensors(op: str, **args: Any) -> None:
+    """Every argument a dense tensor (bias may be None); see _tensor."""
+    for name, t in args.items():
+        if not (name == "bias" and t is None):
+            _tensor(op, t, name, _LAYOUTS.get(name, ""))
+
+
+_LAYOUTS = {
+    "input": _INPUT,
+    "weights": _WEIGHTS,
+    "bias": "(3 * state_size,)",
+    "old_h": _STATE,
+    "old_cell": _STATE,
+    "h0": _STATE,
+    "c0": _STATE,
+}
+
+
+def unpack_state(op: str, state: Any, shape: str) -> tuple[Tensor, Tensor]:
+    """state = (h, c): anything else (one tensor, a 1-tuple) is a clear error
+    instead of Python's 'too many values to unpack'."""
+    if isinstance(state, Tensor) or not isinstance(state, (tuple, list)) or len(state) != 2:
+        got = type(state).__name__ + (f" of length {len(state)}" if isinstance(state, (tuple, list)) else "")
+        raise ValueError(f"{op}: expected state to be None or a tuple (h, c) of two tensors {shape}, but got {got}")
+    return state[0], state[1]
+
+
+def check_size(op: str, name: str, value: Any, minimum: int) -> None:
+    """A module size (state_size, input_features, ...): an integer >= minimum."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{op}: {name} must be an integer of at least {minimum}, got {value!r}")

@@ -3,13 +3,16 @@
 Ahead of time, `pip install --no-build-isolation .` compiles lltm._C and
 `import lltm` loads it. When it is absent (or LLTM_JIT=1), the first use of a
 compiled backend compiles the same sources with torch.utils.cpp_extension.load,
-cached under TORCH_EXTENSIONS_DIR, and logs one line saying so.
+cached under TORCH_EXTENSIONS_DIR, and logs one line saying whether it
+compiled or loaded the cached build. A lock file left by a killed build and a
+damaged cached library are repaired instead of hanging or crashing.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Optional
 
 import torch
@@ -28,37 +31,159 @@ BUILD_HINT = (
 )
 
 
-def _jit_wants_cuda() -> bool:
-    from torch.utils import cpp_extension
+def _elf_intact(path: str) -> bool:
+    """True when `path` looks like a whole ELF shared library: the magic,
+    and every program segment and the section header table inside the
+    file. A truncated library would otherwise be mapped by dlopen and kill
+    the process with SIGBUS on first touch of a missing page."""
+    import struct
 
-    flag = os.environ.get("USE_CUDA")
-    if flag is not None:
-        return flag not in ("0", "", "false", "OFF")
-    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit ELF only
+                return False
+            endian = "<" if head[5] == 1 else ">"
+            (phoff, shoff) = struct.unpack_from(endian + "QQ", head, 32)
+            (phentsize, phnum, shentsize, shnum) = struct.unpack_from(endian + "HHHH", head, 54)
+            if shoff + shentsize * shnum > size or phoff + phentsize * phnum > size:
+                return False
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+        for i in range(phnum):
+            (offset,) = struct.unpack_from(endian + "Q", table, i * phentsize + 8)
+            (filesz,) = struct.unpack_from(endian + "Q", table, i * phentsize + 32)
+            if offset + filesz > size:
+                return False
+        return True
+    except (OSError, struct.error):
+        return False
+
+
+def _remove_stale_lock(build_dir: str) -> None:
+    """torch's JIT build marks a build in progress with a file `lock` that a
+    killed build leaves behind, and then every later load waits on it for
+    ever. Called while holding lltm's own flock on the folder: no live lltm
+    process is building there, so the file is stale and is removed."""
+    lock = os.path.join(build_dir, "lock")
+    if os.path.exists(lock):
+        log.warning("lltm: removing %s, left by a just-in-time build that did not finish", lock)
+        try:
+            os.remove(lock)
+        except FileNotFoundError:
+            pass
+
+
+class _BuildLock:
+    """An exclusive flock on <build dir>/lltm.flock for the whole build and
+    load. The kernel releases it when its holder dies, so, unlike torch's
+    lock file, it can never be left stale; while it is held, torch's lock file
+    is either ours or stale. Where flock is missing (Windows) it does nothing
+    and the stale file is reported instead of removed."""
+
+    def __init__(self, build_dir: str) -> None:
+        self.path = os.path.join(build_dir, "lltm.flock")
+        self.file = None
+
+    def __enter__(self) -> bool:
+        try:
+            import fcntl
+        except ImportError:
+            return False
+        self.file = open(self.path, "a")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning(
+                "lltm: waiting for another process that builds lltm just in time in %s", os.path.dirname(self.path)
+            )
+            fcntl.flock(self.file, fcntl.LOCK_EX)
+        return True
+
+    def __exit__(self, *exc) -> None:
+        if self.file is not None:
+            self.file.close()  # releases the flock
+
+
+def _newest_source_mtime(paths: list[str]) -> float:
+    return max(os.path.getmtime(p) for p in paths + _sources.headers())
 
 
 def _load_jit() -> None:
     from torch.utils import cpp_extension
 
-    with_cuda = _jit_wants_cuda()
+    with_cuda = _sources.want_cuda()
     debug = os.environ.get("DEBUG", "0") == "1"
     name = "lltm_jit_cuda" if with_cuda else "lltm_jit_cpu"
-    log.warning(
-        "lltm: prebuilt extension lltm._C %s; compiling %s just in time "
-        "with torch.utils.cpp_extension.load (cached under %s)",
-        "ignored (LLTM_JIT=1)" if os.environ.get("LLTM_JIT") == "1" else "not found",
-        "C++ and CUDA sources" if with_cuda else "C++ sources",
-        os.environ.get("TORCH_EXTENSIONS_DIR", cpp_extension._get_build_directory("", False)),
-    )
-    cpp_extension.load(
-        name=name,
-        sources=_sources.sources(with_cuda),
-        extra_cflags=_sources.cxx_flags(with_cuda, debug),
-        extra_cuda_cflags=_sources.nvcc_flags(debug) if with_cuda else None,
-        with_cuda=with_cuda,
-        is_python_module=False,
-        verbose=os.environ.get("LLTM_JIT_VERBOSE") == "1",
-    )
+    sources = _sources.sources(with_cuda)
+    build_dir = cpp_extension._get_build_directory(name, False)
+    library = os.path.join(build_dir, name + ".so")
+    why = "ignored (LLTM_JIT=1)" if os.environ.get("LLTM_JIT") == "1" else "not found"
+    what = "C++ and CUDA sources" if with_cuda else "C++ sources"
+
+    def build_and_load() -> None:
+        cpp_extension.load(
+            name=name,
+            sources=sources,
+            extra_cflags=_sources.cxx_flags(with_cuda, debug),
+            extra_cuda_cflags=_sources.nvcc_flags(debug) if with_cuda else None,
+            with_cuda=with_cuda,
+            is_python_module=False,
+            build_directory=build_dir,
+            verbose=os.environ.get("LLTM_JIT_VERBOSE") == "1",
+        )
+
+    with _BuildLock(build_dir) as locked:
+        lock = os.path.join(build_dir, "lock")
+        if locked:
+            _remove_stale_lock(build_dir)
+        elif os.path.exists(lock):
+            log.warning("lltm: %s exists; if no build is running, remove it (a killed build left it)", lock)
+        if os.path.exists(library) and not _elf_intact(library):
+            log.warning(
+                "lltm: the cached library %s is damaged (truncated or not a shared library); rebuilding", library
+            )
+            os.remove(library)
+        before = os.path.getmtime(library) if os.path.exists(library) else None
+        # ninja rebuilds when a source is newer than the library (or flags changed).
+        announced = before is None or before < _newest_source_mtime(sources)
+        if announced:
+            log.warning(
+                "lltm: prebuilt extension lltm._C %s; compiling %s just in time with "
+                "torch.utils.cpp_extension.load (cached under %s)",
+                why,
+                what,
+                build_dir,
+            )
+        start = time.perf_counter()
+        try:
+            build_and_load()
+        except OSError as exc:  # dlopen refused the cached library: rebuild it once
+            if not os.path.exists(library):
+                raise
+            log.warning("lltm: the cached library %s could not be loaded (%s); rebuilding", library, exc)
+            os.remove(library)
+            build_and_load()
+        seconds = time.perf_counter() - start
+        after = os.path.getmtime(library)
+    if before is not None and after == before:
+        log.warning(
+            "lltm: prebuilt extension lltm._C %s; loaded the just-in-time build cached under %s (%.1f s)",
+            why,
+            build_dir,
+            seconds,
+        )
+    elif announced:
+        log.warning("lltm: built %s in %.0f s", library, seconds)
+    else:
+        log.warning(
+            "lltm: prebuilt extension lltm._C %s; compiled %s just in time in %.0f s (cached under %s)",
+            why,
+            what,
+            seconds,
+            build_dir,
+        )
 
 
 def load() -> str:

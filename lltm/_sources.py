@@ -1,8 +1,9 @@
 """Where the extension's sources are and how they are compiled.
 
 Shared by setup.py (ahead-of-time build) and lltm/_extension.py (just-in-time
-build) so both modes compile the same files with the same flags. Imports
-nothing but the standard library: setup.py loads this file by path.
+build) so both modes compile the same files with the same flags and the
+same USE_CUDA rule. Imports nothing but the standard library at the top:
+setup.py loads this file by path.
 """
 
 from __future__ import annotations
@@ -22,6 +23,28 @@ def sources(with_cuda: bool) -> list[str]:
     globs = CPU_SOURCE_GLOBS + (CUDA_SOURCE_GLOBS if with_cuda else ())
     found: list[str] = []
     for pattern in globs:
+        found.extend(sorted(glob.glob(os.path.join(CSRC, pattern))))
+    return found
+
+
+def want_cuda() -> bool:
+    """Build the CUDA sources? USE_CUDA=0|1 decides; by default yes when torch
+    is a CUDA build and a CUDA toolkit is found. (torch is imported here, not
+    at the top: setup.py loads this file before anything else.)"""
+    flag = os.environ.get("USE_CUDA")
+    if flag is not None:
+        return flag not in ("0", "", "false", "OFF")
+    import torch
+    from torch.utils import cpp_extension
+
+    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+
+
+def headers() -> list[str]:
+    """Absolute paths of the headers the sources include: a change to one
+    must rebuild too (setup.py passes them as `depends`)."""
+    found: list[str] = []
+    for pattern in ("*.h", "*/*.h", "*/*.cuh"):
         found.extend(sorted(glob.glob(os.path.join(CSRC, pattern))))
     return found
 

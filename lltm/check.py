@@ -6,6 +6,7 @@ of each backend. Exits non-zero on any mismatch.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -20,7 +21,13 @@ def _inputs(batch: int, features: int, state: int, device: torch.device, seed: i
         t = torch.rand(*shape, generator=gen, dtype=torch.float64) * 2 - 1
         return t.to(device).requires_grad_()
 
-    return (rand(batch, features), rand(3 * state, state + features), rand(3 * state), rand(batch, state), rand(batch, state))
+    return (
+        rand(batch, features),
+        rand(3 * state, state + features),
+        rand(3 * state),
+        rand(batch, state),
+        rand(batch, state),
+    )
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
@@ -28,21 +35,25 @@ def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-b", "--batch-size", type=int, default=3)
-    p.add_argument("-f", "--features", type=int, default=17)
-    p.add_argument("-s", "--state-size", type=int, default=5)
-    p.add_argument("--device", default="cpu")
+    from lltm.cli import device_arg, int_at_least, positive_float
+
+    p.add_argument("-b", "--batch-size", type=int_at_least(1), default=3)
+    p.add_argument("-f", "--features", type=int_at_least(1), default=17, help="input features")
+    p.add_argument("-s", "--state-size", type=int_at_least(1), default=5)
+    p.add_argument("--device", type=device_arg, default=torch.device("cpu"), help="cpu, cuda or cuda:N")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tol", type=float, default=1e-10, help="allclose tolerance in float64")
+    p.add_argument("--tol", type=positive_float, default=1e-10, help="allclose tolerance in float64")
 
 
 def run(args: argparse.Namespace) -> int:
-    device = torch.device(args.device)
+    device = args.device
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("lltm check: --device cuda asked for, but torch sees no CUDA device")
+        print("lltm check: --device cuda asked for, but torch sees no CUDA device", file=sys.stderr)
         return 2
     names = [n for n, ok in _backends.backends(device).items() if ok]
-    print(f"lltm check on {device}, float64, batch {args.batch_size}, features {args.features}, state {args.state_size}")
+    print(
+        f"lltm check on {device}, float64, batch {args.batch_size}, features {args.features}, state {args.state_size}"
+    )
     print("available backends: " + ", ".join(names))
     inputs = _inputs(args.batch_size, args.features, args.state_size, device, args.seed)
     weights_out = [torch.rand(args.batch_size, args.state_size, dtype=torch.float64, device=device) for _ in range(2)]

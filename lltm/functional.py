@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from lltm import _backends, _extension
-from lltm._checks import check_cell_args, check_seq_args
+from lltm._checks import bias_vector, check_cell_args, check_seq_args, check_tensors
 from lltm.reference import lltm_cell_reference, lltm_reference
 
 __all__ = ["lltm_cell", "lltm"]
@@ -47,10 +47,14 @@ def lltm_cell(
 ) -> tuple[Tensor, Tensor]:
     """One LLTM step.
 
-    input: (B, I); weights: (3S, S + I); bias: (3S,) or None;
-    old_h, old_cell: (B, S). Returns (new_h, new_cell), each (B, S).
+    input: (B, I); weights: (3S, S + I); bias: (3S,), (1, 3S) (extension-cpp's
+    layout; its gradient keeps that shape) or None; old_h, old_cell: (B, S).
+    Returns (new_h, new_cell), each (B, S).
     """
-    name = _backends.resolve(backend, input.device.type if isinstance(input, Tensor) else "cpu")
+    op = "lltm.functional.lltm_cell"
+    check_tensors(op, input=input, weights=weights, bias=bias, old_h=old_h, old_cell=old_cell)
+    bias = bias_vector(op, bias)
+    name = _backends.resolve(backend, input.device.type)
     if name == "python":
         check_cell_args("lltm.functional.lltm_cell", input, weights, bias, old_h, old_cell)
         return lltm_cell_reference(input, weights, bias, old_h, old_cell)
@@ -70,7 +74,7 @@ def lltm(
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """One LLTM layer over a sequence, time-major.
 
-    input: (T, B, I); weights: (3S, S + I); bias: (3S,) or None;
+    input: (T, B, I); weights: (3S, S + I); bias: (3S,), (1, 3S) or None;
     h0, c0: (B, S); lengths: (B,) integer tensor or None: row b takes only
     its first lengths[b] steps (its output is 0 after them and h_n, c_n are
     its state after its last step), as in a PackedSequence.
@@ -80,9 +84,13 @@ def lltm(
     node, any T); "python" loops over the reference step.
     """
     op_name = "lltm.functional.lltm"
+    check_tensors(op_name, input=input, weights=weights, bias=bias, h0=h0, c0=c0)
+    bias = bias_vector(op_name, bias)
     if not isinstance(input, Tensor) or input.dim() != 3:
         shape = list(input.shape) if isinstance(input, Tensor) else type(input).__name__
-        raise ValueError(f"{op_name}: expected input to be a 3-D tensor (seq_len, batch, input_features), but got {shape}")
+        raise ValueError(
+            f"{op_name}: expected input to be a 3-D tensor (seq_len, batch, input_features), but got {shape}"
+        )
     if lengths is not None:
         if not isinstance(lengths, Tensor) or lengths.is_floating_point() or lengths.is_complex():
             raise TypeError(f"{op_name}: expected lengths to be an integer tensor of shape (batch,)")

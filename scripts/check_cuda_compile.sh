@@ -8,7 +8,8 @@
 #
 # --resource-usage prints ptxas's registers / shared memory / spills per
 # kernel. Environment: NVCC (compiler), PYTHON (the python with torch),
-# JOBS (parallel compiles, default: number of cores), CUDA_ARCH (default 90).
+# JOBS (parallel compiles, default: number of cores), CUDA_ARCH (default 90),
+# STAMPS (folder of the per-file "compiled" stamps, default build/cuda-compile-check).
 #
 # torch's CUDA headers include cuBLAS/cuSPARSE/cuSOLVER headers. A toolkit
 # without them gets them from NVIDIA's wheels (headers only, extracted once
@@ -121,13 +122,26 @@ flags=(
 )
 if [ "$RESOURCE_USAGE" = 1 ]; then flags+=(--resource-usage); fi
 
-echo "check_cuda_compile: $("$NVCC" --version | tail -1), torch $("$PYTHON" -c 'import torch; print(torch.__version__)'), -std=$STD, sm_$ARCH"
+versions="$("$NVCC" --version | tail -1), torch $("$PYTHON" -c 'import torch; print(torch.__version__)')"
+echo "check_cuda_compile: $versions, -std=$STD, sm_$ARCH"
 export NVCC work
 export FLAGS="${flags[*]}"
+# A file that compiled before with the same content, the same headers, flags
+# (the temporary folder left out) and compilers is not compiled again (a stamp per file under build/, unless
+# --resource-usage asks for ptxas's report).
+STAMPS=${STAMPS:-build/cuda-compile-check}
+mkdir -p "$STAMPS"
+export STAMPS RESOURCE_USAGE
+export CONTEXT_HASH=$( { echo "${FLAGS//$work/WORK} $versions"; cat lltm/csrc/*.h lltm/csrc/*/*.h lltm/csrc/*/*.cuh 2>/dev/null; } \
+  | sha256sum | cut -c1-16)
 status=0
 printf '%s\n' "${files[@]}" | xargs -P "${JOBS:-$(nproc)}" -I{} bash -c '
   f={}; log="$work/$(basename "$f").log"
-  if "$NVCC" $FLAGS "$f" -o "$work/$(basename "$f").o" >"$log" 2>&1; then
+  stamp="$STAMPS/$(basename "$f").$( { echo "$CONTEXT_HASH"; cat "$f"; } | sha256sum | cut -c1-16).ok"
+  if [ "$RESOURCE_USAGE" = 0 ] && [ -f "$stamp" ]; then
+    echo "  ok    $f (unchanged since it last compiled)"
+  elif "$NVCC" $FLAGS "$f" -o "$work/$(basename "$f").o" >"$log" 2>&1; then
+    rm -f "$STAMPS/$(basename "$f")".*.ok; touch "$stamp"
     echo "  ok    $f"
   else
     echo "  FAIL  $f"; exit 1

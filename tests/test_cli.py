@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import lltm
-from lltm import check, cli
+from lltm import bench, check, cli
 
 
 def test_info(capsys):
@@ -51,9 +51,9 @@ def test_bench_cell_table_json_plot(tmp_path, capsys):
     rc = cli.main(["bench", "-b", "4", "-f", "8", "-s", "16", *QUICK, "--json", str(out_json), "--plot", str(out_png)])
     assert rc == 0
     table = capsys.readouterr().out
-    for row in ("python", "aten", "compile", "lstmcell", "gemm"):
+    for row in ("python", "aten", "compile", "lstm", "gemm"):
         assert f"{row} |" in table
-    assert "time / GEMM floor" in table
+    assert "time / gemm" in table
     data = json.loads(out_json.read_text())
     names = [r["name"] for r in data["results"]]
     assert names[:2] == ["python", "aten"] and "compile" in names
@@ -62,25 +62,107 @@ def test_bench_cell_table_json_plot(tmp_path, capsys):
     for r in data["results"]:
         fwds = sorted(f for f, _ in r["extra"]["timer_rounds_us"])
         assert len(fwds) == 2 and r["timer_fwd_us"] == pytest.approx((fwds[0] + fwds[1]) / 2, abs=0.01)
+        # speed-ups over python: computed once, the same in the JSON as in the table
+        assert r["speedup_fwd"] == pytest.approx(data["results"][0]["timer_fwd_us"] / r["timer_fwd_us"])
     assert data["meta"]["rounds"] == 2
     assert data["meta"]["torch"] == torch.__version__
+    if not torch.cuda.is_available():
+        assert data["skipped"]["compile-ro"] == "CUDA only"
+        assert "skipped compile-ro: CUDA only" in table
     assert out_png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_bench_sequence_mode(capsys):
-    assert cli.main(["bench", "-b", "2", "-f", "3", "-s", "4", "--seq", "3", "--double", *QUICK]) == 0
+def test_bench_sequence_mode(tmp_path, capsys):
+    out_json = tmp_path / "seq.json"
+    argv = ["bench", "-b", "2", "-f", "3", "-s", "4", "--seq", "3", "--double", *QUICK, "--json", str(out_json)]
+    assert cli.main(argv) == 0
     table = capsys.readouterr().out
-    assert "sequence T=3" in table and "lstm |" in table and "float64" in table
+    assert "sequence T=3" in table and "float64" in table
+    for row in ("python", "aten", "compile", "lstm"):
+        assert f"{row} |" in table
+    assert "time / lstm" in table and "memory (saved for backward" in table
+    results = {r["name"]: r for r in json.loads(out_json.read_text())["results"]}
+    # saved for backward, parameters left out, float64: lltm's python loop saves
+    # at least its gates (T, B, 3S) and nn.LSTM at least its (T, B, 4S) gates
+    assert results["python"]["saved_bytes"] >= 3 * 2 * 12 * 8
+    assert results["lstm"]["saved_bytes"] >= 3 * 2 * 16 * 8
+    assert all(r["saved_bytes"] > 0 for r in results.values())
 
 
-def test_bench_rejects_zero_rounds():
-    with pytest.raises(ValueError, match="--runs and --rounds must be at least 1"):
-        cli.main(["bench", "--rounds", "0", "--no-progress"])
+def test_bench_sequence_compile_row(capsys):
+    """torch.compile of the LLTM module runs in sequence mode (it was an empty table)."""
+    assert cli.main(["bench", "-b", "2", "-f", "3", "-s", "4", "--seq", "4", "--rows", "compile", *QUICK]) == 0
+    assert "compile |" in capsys.readouterr().out
 
 
-def test_bench_rejects_unknown_row():
-    with pytest.raises(ValueError, match="unknown row 'nope'"):
-        cli.main(["bench", "--rows", "python,nope", *QUICK])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--rows", "foo"], "argument --rows/--backends: unknown row 'foo'; choose from python, aten, fused"),
+        (["-r", "0"], "argument -r/--runs: must be at least 1, got 0"),
+        (["--rounds", "0"], "argument --rounds: must be at least 1, got 0"),
+        (["--seq", "-5"], "argument --seq: must be at least 0, got -5"),
+        (["-s", "x"], "argument -s/--state-size: expected an integer, got 'x'"),
+        (["--min-run-time", "0"], "argument --min-run-time: must be greater than 0"),
+        (["--device", "tpux"], "argument --device: not a device: 'tpux'"),
+        (["--plot", "/nonexistent/dir/x.png"], "argument --plot: folder /nonexistent/dir does not exist"),
+        (["--json", "/nonexistent/dir/x.json"], "argument --json: folder /nonexistent/dir does not exist"),
+    ],
+    ids=["rows", "runs", "rounds", "seq", "state", "min-run-time", "device", "plot", "json"],
+)
+def test_bench_bad_arguments_are_usage_errors(argv, message, capsys, monkeypatch):
+    """argparse rejects them (usage + message, exit 2) before any work."""
+    monkeypatch.setattr(bench.cli.timing, "measure", lambda *a, **k: pytest.fail("measured despite a bad argument"))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: lltm bench") and message in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the rows are available on a CUDA machine")
+@pytest.mark.parametrize("mode", [[], ["--seq", "2"]], ids=["cell", "seq"])
+def test_bench_nothing_can_run_exits_1(mode, capsys):
+    assert cli.main(["bench", "--rows", "fused,compile-ro,lstm-notf32", *mode, *QUICK]) == 1
+    err = capsys.readouterr().err
+    assert "skipping fused: backend 'fused' is not available on cpu" in err
+    assert "skipping compile-ro: CUDA only" in err
+    assert "no row can run here" in err
+
+
+def test_bench_one_vocabulary_for_both_modes(capsys):
+    """A row of the other mode is listed as skipped with the reason;
+    'lstmcell' is the old name of the lstm row."""
+    assert cli.main(["bench", "-b", "2", "-f", "3", "-s", "4", "--seq", "2", "--rows", "aten,gemm", *QUICK]) == 0
+    out = capsys.readouterr().out
+    assert "aten |" in out and "skipped gemm: cell mode only" in out
+    assert cli.main(["bench", "-b", "2", "-f", "3", "-s", "4", "--rows", "lstmcell", *QUICK]) == 0
+    assert "lstm |" in capsys.readouterr().out
+
+
+def test_bench_help_lists_every_row(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for row in bench.cases.ROWS:
+        assert f"  {row} " in out
+    assert "--no-progress" in out and "no progress bar" in out
+    assert "--seq T" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message when there is no CUDA device")
+def test_check_without_cuda_errs_on_stderr(capsys):
+    assert cli.main(["check", "--device", "cuda"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "torch sees no CUDA device" in captured.err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"lltm {lltm.__version__} (torch {torch.__version__})"
 
 
 def test_python_dash_m():

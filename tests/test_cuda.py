@@ -21,13 +21,13 @@ import math
 import pytest
 import torch
 
+from lltm import _extension, functional
+from lltm.reference import lltm_cell_reference
+
+from ._helpers import LOW_PRECISION, assert_matches, make_inputs, reference64, rel_err, run_cell
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-if torch.cuda.is_available():
-    from lltm import _extension, functional
-    from lltm.reference import lltm_cell_reference
-
-LOW_PRECISION = (torch.float16, torch.bfloat16)
 DTYPE_IDS = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 GRAD_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 
@@ -52,46 +52,13 @@ def _poison_allocator(device="cuda"):
     del small, large
 
 
-def make_inputs(B, I, S, dtype, device="cuda", bias=True, grad=True, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-
-    def rand(*shape, scale=1.0):
-        t = (torch.rand(*shape, generator=gen, dtype=torch.float64) * 2 - 1) * scale
-        return t.to(device=device, dtype=dtype).requires_grad_(grad)
-
-    bound = 1.0 / math.sqrt(S) if S else 1.0
-    x = rand(B, I)
-    W = rand(3 * S, S + I, scale=bound)
-    b = rand(3 * S, scale=bound) if bias else None
-    h = rand(B, S)
-    c = rand(B, S)
-    return x, W, b, h, c
-
-
-def run_cell(fn, args, grads):
-    """new_h, new_cell and the gradients of <new_h, gh> + <new_cell, gc>."""
-    args = [a.detach().requires_grad_(True) if a is not None else None for a in args]
-    new_h, new_cell = fn(*args)
-    wrt = [a for a in args if a is not None]
-    g = torch.autograd.grad((new_h, new_cell), wrt, grads)
-    it = iter(g)
-    full = [next(it) if a is not None else None for a in args]
-    return [new_h.detach(), new_cell.detach()] + full
+def cuda_inputs(B, I, S, dtype, device="cuda", bias=True, grad=True, seed=0):
+    """The shared generator with the module's init scale, on CUDA."""
+    return make_inputs(B, I, S, device=device, dtype=dtype, seed=seed, bias=bias, requires_grad=grad, module_init=True)
 
 
 def fused(*args):
     return functional.lltm_cell(*args, backend="fused")
-
-
-def reference64(args, grads):
-    """The reference in float64 on the same (possibly rounded) values."""
-    up = [a.detach().double() if a is not None else None for a in args]
-    return run_cell(lltm_cell_reference, up, [g.double() for g in grads])
-
-
-def rel_err(a, ref):
-    a, ref = a.double(), ref.double()
-    return ((a - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 SHAPES = {
@@ -106,32 +73,20 @@ SHAPES = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=DTYPE_IDS.get)
 def test_parity(dtype, path, shape):
     B, I, S = SHAPES[shape]
-    args = make_inputs(B, I, S, dtype, seed=B + I + S)
+    args = cuda_inputs(B, I, S, dtype, seed=B + I + S)
     gen = torch.Generator().manual_seed(1)
     grads = [torch.randn(B, S, generator=gen, dtype=torch.float64).to("cuda", dtype) for _ in range(2)]
     _poison_allocator()
     out = run_cell(fused, args, grads)
     ref = reference64(args, grads)
-    names = ("new_h", "new_cell") + tuple("grad_" + n for n in GRAD_NAMES)
-    if dtype in LOW_PRECISION:
-        plain = run_cell(lltm_cell_reference, args, grads)  # PyTorch in the same dtype
-        for name, o, p, r in zip(names, out, plain, ref):
-            assert o.dtype == dtype and o.shape == r.shape, name
-            assert torch.isfinite(o).all(), f"{name}: unwritten or non-finite elements"
-            err, err_plain = rel_err(o, r), rel_err(p, r)
-            assert err <= 2 * err_plain + 1e-6, f"{name}: error {err:.2e} > 2 x plain PyTorch's {err_plain:.2e}"
-    else:
-        tol = 1e-5 if dtype == torch.float32 else 1e-12
-        for name, o, r in zip(names, out, ref):
-            assert o.dtype == dtype and o.shape == r.shape, name
-            assert torch.isfinite(o).all(), f"{name}: unwritten or non-finite elements"
-            assert rel_err(o, r) <= tol, f"{name}: relative error {rel_err(o, r):.2e} > {tol}"
+    plain = run_cell(lltm_cell_reference, args, grads) if dtype in LOW_PRECISION else None  # PyTorch in dtype
+    assert_matches(out, ref, dtype, plain=plain)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=DTYPE_IDS.get)
 def test_gates_output(dtype, path):
     """The saved gates are the activated gates [sigmoid(i) | sigmoid(o) | elu(c)]."""
-    x, W, b, h, c = make_inputs(20, 12, 40, dtype, grad=False)
+    x, W, b, h, c = cuda_inputs(20, 12, 40, dtype, grad=False)
     _, _, gates = torch.ops.lltm.fused_cell_forward(x, W, b, h, c)
     pre = torch.cat([h, x], 1).double() @ W.double().t() + b.double()
     i, o, cand = pre.chunk(3, 1)
@@ -144,7 +99,7 @@ def test_gates_output(dtype, path):
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("shape", [(3, 4, 5), (2, 3, 8)], ids=["3x4x5", "2x3x8"])
 def test_gradcheck_float64(path, shape, bias):
-    args = make_inputs(*shape, torch.float64, bias=bias)
+    args = cuda_inputs(*shape, torch.float64, bias=bias)
     fn = (lambda x, W, b, h, c: fused(x, W, b, h, c)) if bias else (lambda x, W, h, c: fused(x, W, None, h, c))
     inputs = tuple(a for a in args if a is not None)
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
@@ -153,19 +108,17 @@ def test_gradcheck_float64(path, shape, bias):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=DTYPE_IDS.get)
 def test_opcheck_cuda(dtype, path):
     for shape, bias in (((4, 3, 8), True), ((5, 6, 7), False), ((0, 3, 4), True)):
-        args = make_inputs(*shape, dtype, bias=bias)
+        args = cuda_inputs(*shape, dtype, bias=bias)
         torch.library.opcheck(torch.ops.lltm.fused_cell_forward.default, args)
         x, W, b, h, c = (a.detach() if a is not None else None for a in args)
         _, new_cell, gates = torch.ops.lltm.fused_cell_forward(x, W, b, h, c)
         gh, gc = torch.randn_like(new_cell), torch.randn_like(new_cell)
         for mask in ([True] * 5, [False, True, True, False, False], [True, False, False, True, True]):
-            torch.library.opcheck(
-                torch.ops.lltm.fused_cell_backward.default, (gh, gc, new_cell, gates, x, W, h, mask)
-            )
+            torch.library.opcheck(torch.ops.lltm.fused_cell_backward.default, (gh, gc, new_cell, gates, x, W, h, mask))
 
 
 def test_output_mask(path):
-    x, W, b, h, c = make_inputs(9, 10, 16, torch.float32, grad=False)
+    x, W, b, h, c = cuda_inputs(9, 10, 16, torch.float32, grad=False)
     _, new_cell, gates = torch.ops.lltm.fused_cell_forward(x, W, b, h, c)
     gh, gc = torch.randn_like(new_cell), torch.randn_like(new_cell)
     full = torch.ops.lltm.fused_cell_backward(gh, gc, new_cell, gates, x, W, h, [True] * 5)
@@ -180,7 +133,7 @@ def test_output_mask(path):
 
 
 def test_deterministic(path):
-    args = make_inputs(1000, 64, 96, torch.float32)
+    args = cuda_inputs(1000, 64, 96, torch.float32)
     grads = [torch.randn(1000, 96, device="cuda") for _ in range(2)]
     first = run_cell(fused, args, grads)
     second = run_cell(fused, args, grads)
@@ -190,7 +143,7 @@ def test_deterministic(path):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
 def test_batch_zero(dtype, path):
-    args = make_inputs(0, 6, 8, dtype)
+    args = cuda_inputs(0, 6, 8, dtype)
     grads = [torch.empty(0, 8, device="cuda", dtype=dtype) for _ in range(2)]
     new_h, new_cell, gx, gW, gb, gh, gc = run_cell(fused, args, grads)
     assert new_h.shape == new_cell.shape == (0, 8) and gx.shape == (0, 6) and gh.shape == gc.shape == (0, 8)
@@ -202,12 +155,11 @@ def test_batch_zero(dtype, path):
 def test_batch_70000(path):
     """More rows than gridDim.y could hold; the bias sums run over many row chunks."""
     B, I, S = 70_000, 8, 16
-    args = make_inputs(B, I, S, torch.float32, seed=7)
+    args = cuda_inputs(B, I, S, torch.float32, seed=7)
     grads = [torch.randn(B, S, device="cuda") for _ in range(2)]
     out = run_cell(fused, args, grads)
     ref = reference64(args, grads)
-    for o, r in zip(out, ref):
-        assert rel_err(o, r) <= 1e-5
+    assert_matches(out, ref, torch.float32)
 
 
 def test_non_contiguous(path):
@@ -215,7 +167,7 @@ def test_non_contiguous(path):
     transposed state, every-other-column views, a strided bias; gradients
     that are expanded (stride 0) or transposed."""
     B, I, S = 24, 20, 32
-    x, W, b, h, c = (a.detach() for a in make_inputs(B, I, S, torch.float32, grad=False))
+    x, W, b, h, c = (a.detach() for a in cuda_inputs(B, I, S, torch.float32, grad=False))
     wide_x = torch.randn(B, I + 7, device="cuda")
     wide_x[:, 3 : 3 + I] = x
     wide_W = torch.randn(3 * S, S + I + 5, device="cuda")
@@ -231,12 +183,11 @@ def test_non_contiguous(path):
     gc = torch.randn(S, B, device="cuda").t()
     out = run_cell(fused, list(views), [gh, gc])
     ref = reference64([x, W, b, h, c], [gh.contiguous(), gc.contiguous()])
-    for o, r in zip(out, ref):
-        assert rel_err(o, r) <= 1e-5
+    assert_matches(out, ref, torch.float32)
 
 
 def test_sum_backward_expanded_grads(path):
-    args = [a.detach().requires_grad_(True) for a in make_inputs(16, 32, 128, torch.float32)]
+    args = [a.detach().requires_grad_(True) for a in cuda_inputs(16, 32, 128, torch.float32)]
     new_h, new_cell = fused(*args)
     (new_h.sum() + new_cell.sum()).backward()
     ref_args = [a.detach().double().requires_grad_(True) for a in args]
@@ -253,21 +204,20 @@ def test_other_current_device(path):
     n = torch.cuda.device_count()
     for k in range(n):
         other = (k + 1) % n
-        args = make_inputs(8, 16, 32, torch.float32, device=f"cuda:{k}")
+        args = cuda_inputs(8, 16, 32, torch.float32, device=f"cuda:{k}")
         grads = [torch.randn(8, 32, device=f"cuda:{k}") for _ in range(2)]
         with torch.cuda.device(other):
             out = run_cell(fused, args, grads)
             assert torch.cuda.current_device() == other
         torch.cuda.synchronize(k)
         ref = reference64(args, grads)
-        for o, r in zip(out, ref):
-            assert o.device == torch.device(f"cuda:{k}")
-            assert rel_err(o, r) <= 1e-5
+        assert all(o.device == torch.device(f"cuda:{k}") for o in out)
+        assert_matches(out, ref, torch.float32)
 
 
 def test_side_stream(path):
     """Work queued on a non-default stream is ordered by that stream."""
-    args = make_inputs(64, 32, 128, torch.float32, grad=False)
+    args = cuda_inputs(64, 32, 128, torch.float32, grad=False)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -288,7 +238,7 @@ def test_cuda_graph_replay(mode, shape, monkeypatch):
     else:
         monkeypatch.setenv("LLTM_CUDA_PATH", mode)
     B, I, S = shape
-    static = [a.detach().requires_grad_(True) for a in make_inputs(B, I, S, torch.float32, seed=1)]
+    static = [a.detach().requires_grad_(True) for a in cuda_inputs(B, I, S, torch.float32, seed=1)]
     static_grads = [torch.randn(B, S, device="cuda") for _ in range(2)]
 
     def step():
@@ -306,7 +256,7 @@ def test_cuda_graph_replay(mode, shape, monkeypatch):
     with torch.cuda.graph(graph):
         outs = step()
     for seed in (2, 3):
-        fresh = make_inputs(B, I, S, torch.float32, seed=seed, grad=False)
+        fresh = cuda_inputs(B, I, S, torch.float32, seed=seed, grad=False)
         fresh_grads = [torch.randn(B, S, device="cuda") for _ in range(2)]
         with torch.no_grad():
             for dst, src in zip(static + static_grads, list(fresh) + fresh_grads):
@@ -314,8 +264,7 @@ def test_cuda_graph_replay(mode, shape, monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         ref = reference64(fresh, fresh_grads)
-        for o, r in zip(outs, ref):
-            assert rel_err(o, r) <= 1e-5
+        assert_matches(outs, ref, torch.float32)
 
 
 def test_compile_reduce_overhead_fullgraph():
@@ -327,15 +276,14 @@ def test_compile_reduce_overhead_fullgraph():
 
     compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
     for seed in range(4):  # warm-up, recording, then replays with new values
-        args = [a.detach().requires_grad_(True) for a in make_inputs(B, I, S, torch.float32, seed=seed)]
+        args = [a.detach().requires_grad_(True) for a in cuda_inputs(B, I, S, torch.float32, seed=seed)]
         grads = [torch.randn(B, S, device="cuda") for _ in range(2)]
         torch.compiler.cudagraph_mark_step_begin()
         new_h, new_cell = compiled(*args)
         got = [new_h.detach().clone(), new_cell.detach().clone()]
         got += [g.clone() for g in torch.autograd.grad((new_h, new_cell), args, grads)]
         ref = reference64(args, grads)
-        for o, r in zip(got, ref):
-            assert rel_err(o, r) <= 1e-5
+        assert_matches(got, ref, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=DTYPE_IDS.get)
@@ -343,7 +291,7 @@ def test_compile_reduce_overhead_fullgraph():
 def test_autocast(dtype, backend):
     """Under torch.autocast the cell runs in the autocast dtype (like
     nn.Linear); the float32 parameters get float32 gradients."""
-    x, W, b, h, c = (a.detach() for a in make_inputs(32, 24, 64, torch.float32))
+    x, W, b, h, c = (a.detach() for a in cuda_inputs(32, 24, 64, torch.float32))
     W.requires_grad_(True)
     b.requires_grad_(True)
     with torch.autocast("cuda", dtype=dtype):
@@ -356,7 +304,7 @@ def test_autocast(dtype, backend):
 
 
 def test_autocast_leaves_float64_alone():
-    args = [a.detach() for a in make_inputs(4, 5, 8, torch.float64)]
+    args = [a.detach() for a in cuda_inputs(4, 5, 8, torch.float64)]
     with torch.autocast("cuda", dtype=torch.bfloat16):
         new_h, _ = functional.lltm_cell(*args, backend="fused")
     assert new_h.dtype == torch.float64
@@ -364,7 +312,7 @@ def test_autocast_leaves_float64_alone():
 
 @pytest.mark.parametrize("name", ["weights", "bias", "old_h", "old_cell"])
 def test_mixed_devices_raise(name):
-    args = dict(zip(("input", "weights", "bias", "old_h", "old_cell"), make_inputs(4, 5, 8, torch.float32, grad=False)))
+    args = dict(zip(("input", "weights", "bias", "old_h", "old_cell"), cuda_inputs(4, 5, 8, torch.float32, grad=False)))
     args[name] = args[name].cpu()
     with pytest.raises(RuntimeError, match=rf"{name}.*(device|cuda|cpu)"):
         torch.ops.lltm.fused_cell_forward(*args.values())
@@ -374,13 +322,13 @@ def test_mixed_devices_raise(name):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_two_devices_raise():
-    x, W, b, h, c = make_inputs(4, 5, 8, torch.float32, grad=False)
+    x, W, b, h, c = cuda_inputs(4, 5, 8, torch.float32, grad=False)
     with pytest.raises(RuntimeError, match="weights"):
         torch.ops.lltm.fused_cell_forward(x, W.to("cuda:1"), b, h, c)
 
 
 def test_backward_mixed_devices_raise():
-    x, W, b, h, c = make_inputs(4, 5, 8, torch.float32, grad=False)
+    x, W, b, h, c = cuda_inputs(4, 5, 8, torch.float32, grad=False)
     _, new_cell, gates = torch.ops.lltm.fused_cell_forward(x, W, b, h, c)
     gh = torch.randn_like(new_cell)
     with pytest.raises(RuntimeError, match="grad_cell"):
@@ -388,7 +336,7 @@ def test_backward_mixed_devices_raise():
 
 
 def test_wrong_dtypes_raise():
-    x, W, b, h, c = make_inputs(4, 5, 8, torch.float32, grad=False)
+    x, W, b, h, c = cuda_inputs(4, 5, 8, torch.float32, grad=False)
     with pytest.raises((RuntimeError, TypeError), match="weights"):
         torch.ops.lltm.fused_cell_forward(x, W.half(), b, h, c)
     with pytest.raises((RuntimeError, TypeError), match="input"):

@@ -22,6 +22,12 @@ BAD = {
     # name: (argument index, replacement, exception, message regex)
     "input_1d": (0, torch.randn(I), ValueError, r"expected input to be a 2-D tensor \(batch, input_features\), but got a 1-D tensor of shape \[3\]"),
     "wrong_features": (0, torch.randn(B, I + 2), ValueError, r"expected input with 3 input features \(weights.size\(1\) - state_size = 8 - 5\), but got input of shape \[4, 5\]"),
+    "weights_too_narrow": (1, torch.randn(3 * S, S - 1), ValueError, r"expected weights of shape \(3 \* state_size, state_size \+ input_features\) with state_size = 5, but got \[15, 4\]"),
+    "bias_2d": (2, torch.randn(2, 3 * S), ValueError, r"expected bias of shape \(3 \* state_size,\) or \(1, 3 \* state_size\), but got \[2, 15\]"),
+    "input_list": (0, [[0.0] * I] * B, TypeError, r"expected input to be a torch.Tensor \(batch, input_features\), but got list \(convert it with torch.as_tensor\)"),
+    "weights_ndarray": (1, "ndarray", TypeError, r"expected weights to be a torch.Tensor .*, but got ndarray"),
+    "old_h_coo": (3, "coo", TypeError, r"expected old_h to be a dense \(strided\) tensor, but got layout torch.sparse_coo \(call .to_dense\(\)\)"),
+    "weights_csr": (1, "csr", TypeError, r"expected weights to be a dense \(strided\) tensor, but got layout torch.sparse_csr"),
     "weights_not_3s": (1, torch.randn(14, S + I), ValueError, r"expected weights.size\(0\) to be 3 \* state_size, but got 14"),
     "bias_shape": (2, torch.randn(3 * S + 1), ValueError, r"expected bias of shape \(3 \* state_size,\) = \[15\], but got \[16\]"),
     "old_h_batch": (3, torch.randn(B + 1, S), ValueError, r"expected old_h of shape \(batch, state_size\) = \[4, 5\], but got \[5, 5\]"),
@@ -32,12 +38,19 @@ BAD = {
 }
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
 @pytest.mark.parametrize("device,backend", backend_params(devices=["cpu"]))
 @pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
 def test_bad_argument_message(device, backend, case):
     index, bad, exc, pattern = BAD[case]
     args = _args(device)
-    args[index] = bad.to(device)
+    if bad == "ndarray":
+        bad = pytest.importorskip("numpy").asarray(args[index].cpu())
+    elif bad in ("coo", "csr"):
+        bad = args[index].to_sparse() if bad == "coo" else args[index].to_sparse_csr()
+    elif isinstance(bad, torch.Tensor):
+        bad = bad.to(device)
+    args[index] = bad
     with pytest.raises(exc, match=pattern):
         functional.lltm_cell(*args, backend=backend)
 
@@ -50,6 +63,56 @@ def test_device_mix_message(device, backend):
     args[3] = args[3].to("meta")
     with pytest.raises(RuntimeError, match=r"expected old_h on device (meta|cpu) like input, but got (cpu|meta) \(move all arguments to one device\)"):
         functional.lltm_cell(*args, backend=backend)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
+@pytest.mark.parametrize("backend", ["aten", "fused"])
+def test_op_rejects_sparse_and_wrong_width_directly(backend):
+    """The operators check too (called without lltm.functional): sparse CSR
+    weights no longer pass forward to fail in backward."""
+    if not lltm.backends("cpu")[backend]:
+        pytest.skip(f"{backend} not available on cpu")
+    op = getattr(torch.ops.lltm, f"{backend}_cell_forward")
+    x, W, b, h, c = _args()
+    with pytest.raises(TypeError, match=r"expected weights to be a dense \(strided\) tensor, but got layout Sparse"):
+        op(x, W.to_sparse_csr(), b, h, c)
+    with pytest.raises(ValueError, match=r"expected input with 3 input features"):
+        op(torch.randn(B, I + 1), W, b, h, c)
+
+
+def test_tutorial_backend_names_are_translated():
+    with pytest.raises(ValueError, match=r"unknown backend 'cpp'.*The tutorial's 'cpp' backend is lltm's 'aten'"):
+        functional.lltm_cell(*_args(), backend="cpp")
+    with pytest.raises(ValueError, match=r"The tutorial's 'cuda' backend is lltm's 'fused'"):
+        lltm.LLTMCell(3, 4, backend="cuda")
+    with pytest.raises(ValueError, match=r"The tutorial's 'py' backend is lltm's 'python'"):
+        lltm.LLTM(3, 4, backend="py")
+
+
+@pytest.mark.parametrize("state", ["tensor", "1-tuple", "3-tuple"])
+def test_module_state_not_a_pair(state):
+    h = torch.zeros(2, 5)
+    bad = {"tensor": h, "1-tuple": (h,), "3-tuple": (h, h, h)}[state]
+    got = {"tensor": "Tensor", "1-tuple": "tuple of length 1", "3-tuple": "tuple of length 3"}[state]
+    with pytest.raises(ValueError, match=rf"lltm.LLTMCell: expected state to be None or a tuple \(h, c\) of two tensors \(batch, state_size\), but got {got}$"):
+        lltm.LLTMCell(3, 5)(torch.randn(2, 3), bad)
+    with pytest.raises(ValueError, match=rf"lltm.LLTM: expected state to be None or a tuple \(h, c\).*but got {got}$"):
+        lltm.LLTM(3, 5)(torch.randn(4, 2, 3), bad)
+
+
+@pytest.mark.parametrize("module", [lltm.LLTMCell, lltm.LLTM])
+def test_module_bad_sizes(module):
+    with pytest.raises(ValueError, match=r"state_size must be an integer of at least 1, got 0"):
+        module(32, 0)
+    with pytest.raises(ValueError, match=r"must be an integer of at least 0, got -1"):
+        module(-1, 4)
+    with pytest.raises(ValueError, match=r"state_size must be an integer of at least 1, got 2.5"):
+        module(3, 2.5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a torch that cannot use CUDA")
+def test_no_backend_on_an_unusable_device():
+    assert lltm.backends("cuda") == {"python": False, "aten": False, "fused": False}
 
 
 def test_unknown_backend():
@@ -67,7 +130,7 @@ def test_unavailable_backend_names_available_ones():
 
 
 def test_module_input_rank():
-    with pytest.raises(ValueError, match=r"lltm.LLTM: expected input to be a 3-D tensor \(seq_len, batch, input_size\), but got shape \[4, 3\]"):
+    with pytest.raises(ValueError, match=r"lltm.LLTM: expected input to be a 3-D tensor \(seq_len, batch, input_size\) or a PackedSequence, but got \[4, 3\]"):
         lltm.LLTM(3, 5)(torch.randn(4, 3))
     with pytest.raises(ValueError, match=r"\(batch, seq_len, input_size\)"):
         lltm.LLTM(3, 5, batch_first=True)(torch.randn(4, 3))
@@ -77,7 +140,7 @@ def test_module_state_shape():
     model = lltm.LLTM(3, 5, num_layers=2)
     x = torch.randn(4, 2, 3)
     h0 = torch.zeros(1, 2, 5)
-    with pytest.raises(ValueError, match=r"expected h0 of shape \(num_layers, batch, state_size\) = \[2, 2, 5\], but got \[1, 2, 5\]"):
+    with pytest.raises(ValueError, match=r"expected h0 of shape \(num_layers \* num_directions, batch, state_size\) = \[2, 2, 5\], but got \[1, 2, 5\]"):
         model(x, (h0, torch.zeros(2, 2, 5)))
 
 

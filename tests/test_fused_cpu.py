@@ -26,18 +26,11 @@ import lltm
 from lltm import functional
 from lltm.reference import lltm_cell_reference, lltm_reference
 
-from ._helpers import make_inputs
+from ._helpers import LOW_PRECISION, assert_matches, make_inputs, rel_err
 
 pytestmark = pytest.mark.skipif(not lltm.backends("cpu")["fused"], reason="fused CPU kernels not built")
 
-LOW_PRECISION = (torch.bfloat16, torch.float16)
 DTYPE_IDS = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
-
-
-def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    a, ref = a.double(), ref.double()
-    return ((a - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def run(fn: Callable, args: list, out_grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -89,17 +82,7 @@ def check_against_reference(fn, ref_fn, args, dtype, names):
     ref = run(ref_fn, [a.double() if a is not None else None for a in args], grads)
     plain = run(ref_fn, args, [g.to(dtype) for g in grads]) if dtype in LOW_PRECISION else None
     assert len(got) == len(ref) == len(names)
-    for k, (name, g, r) in enumerate(zip(names, got, ref)):
-        assert g.dtype == dtype and g.shape == r.shape, name
-        assert torch.isfinite(g).all(), f"{name}: non-finite elements"
-        if r.numel() == 0:
-            continue
-        err = rel_err(g, r)
-        if plain is None:
-            assert err <= TOL[dtype], f"{name}: relative error {err:.2e} > {TOL[dtype]}"
-        else:
-            err_plain = rel_err(plain[k], r)
-            assert err <= 2 * err_plain + 1e-6, f"{name}: error {err:.2e} > 2 x plain PyTorch's {err_plain:.2e}"
+    assert_matches(got, ref, dtype, plain=plain, names=names)
 
 
 CELL_NAMES = ("new_h", "new_cell", "grad_input", "grad_weights", "grad_bias", "grad_old_h", "grad_old_cell")

@@ -1,6 +1,9 @@
 """The just-in-time build: LLTM_JIT=1 compiles the package's sources with
-torch.utils.cpp_extension.load into TORCH_EXTENSIONS_DIR, says so once, and
-gives the same results as the reference."""
+torch.utils.cpp_extension.load into TORCH_EXTENSIONS_DIR, says once whether
+it compiled or loaded the cached build, and gives the same results as the
+reference. A lock file left by a killed build is removed (no hang), and a
+truncated or garbage cached library is rebuilt (no SIGBUS, no silent fallback
+to python)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import sys
 import textwrap
 
 import pytest
+
+from lltm import _extension
 
 SCRIPT = textwrap.dedent(
     """
@@ -33,17 +38,64 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
-def test_jit_build(tmp_path):
-    if shutil.which("c++") is None and shutil.which("g++") is None:
-        pytest.skip("no C++ compiler")
-    env = dict(os.environ, LLTM_JIT="1", TORCH_EXTENSIONS_DIR=str(tmp_path), USE_CUDA="0", MAX_JOBS=os.environ.get("MAX_JOBS", "2"))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=1200)
+def _run(tmp_path, timeout=1200):
+    env = dict(
+        os.environ,
+        LLTM_JIT="1",
+        TORCH_EXTENSIONS_DIR=str(tmp_path),
+        USE_CUDA="0",
+        MAX_JOBS=os.environ.get("MAX_JOBS", "2"),
+    )
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "mode jit" in proc.stdout
-    messages = [line for line in proc.stderr.splitlines() if "just in time" in line]
-    assert len(messages) == 1, proc.stderr
-    assert "prebuilt extension lltm._C ignored (LLTM_JIT=1)" in messages[0]
+    return [line for line in proc.stderr.splitlines() if line.startswith("lltm:")]
+
+
+@pytest.mark.slow
+def test_jit_build_cache_lock_and_damaged_library(tmp_path):
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler")
+    build_dir = tmp_path / "lltm_jit_cpu"
+    library = build_dir / "lltm_jit_cpu.so"
+
+    # 1. First use compiles, and says so once, naming the cache.
+    messages = [m for m in _run(tmp_path) if "just in time" in m]
+    assert len(messages) == 1, messages
+    assert "prebuilt extension lltm._C ignored (LLTM_JIT=1); compiling C++ sources just in time" in messages[0]
     assert str(tmp_path) in messages[0]
-    built = [f for _, _, files in os.walk(tmp_path) for f in files if f.endswith(".so")]
-    assert built, "no shared library in TORCH_EXTENSIONS_DIR"
+    assert library.is_file()
+
+    # 2. Second use loads the cached build and says that instead.
+    messages = _run(tmp_path)
+    assert len(messages) == 1 and "loaded the just-in-time build cached under" in messages[0], messages
+    assert "compiling" not in messages[0]
+
+    # 3. A lock file left by a killed build: removed with a warning (torch's own wait never ends).
+    (build_dir / "lock").write_text("")
+    messages = _run(tmp_path, timeout=300)
+    assert any(
+        f"removing {build_dir / 'lock'}, left by a just-in-time build that did not finish" in m for m in messages
+    )
+    assert not (build_dir / "lock").exists()
+
+    # 4. A truncated library (dlopen would SIGBUS) and 5. a garbage one are rebuilt.
+    for damage in (library.read_bytes()[: library.stat().st_size // 2], b"not a library" * 100):
+        library.write_bytes(damage)
+        messages = _run(tmp_path, timeout=600)
+        assert any("is damaged (truncated or not a shared library); rebuilding" in m for m in messages), messages
+        assert _extension._elf_intact(str(library))
+
+
+def test_elf_check(tmp_path):
+    """The check that guards dlopen: a whole library passes, a cut or foreign one does not."""
+    whole = next((p for p in sys.modules["lltm"].__spec__.submodule_search_locations), None)
+    libs = [os.path.join(whole, f) for f in os.listdir(whole) if f.startswith("_C") and f.endswith(".so")]
+    if not libs:
+        pytest.skip("no prebuilt lltm._C to read")
+    data = open(libs[0], "rb").read()
+    assert _extension._elf_intact(libs[0])
+    for name, content in (("half.so", data[: len(data) // 2]), ("last.so", data[:-1]), ("text.so", b"x" * 4096)):
+        path = tmp_path / name
+        path.write_bytes(content)
+        assert not _extension._elf_intact(str(path)), name

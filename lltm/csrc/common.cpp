@@ -18,6 +18,9 @@ void check_rank(const char* op, const at::Tensor& t, const char* name,
                 int64_t rank, const char* layout) {
   TORCH_CHECK_VALUE(t.defined(), op, ": ", name, " is undefined; expected a tensor ",
               layout);
+  TORCH_CHECK_TYPE(t.layout() == at::kStrided, op, ": expected ", name,
+                   " to be a dense (strided) tensor, but got layout ",
+                   t.layout(), " (call .to_dense())");
   TORCH_CHECK_VALUE(t.dim() == rank, op, ": expected ", name, " to be a ", rank,
               "-D tensor ", layout, ", but got a ", t.dim(),
               "-D tensor of shape ", t.sizes());

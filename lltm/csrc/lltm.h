@@ -126,6 +126,20 @@ CellBackwardResult fused_cell_backward_cuda(const at::Tensor& grad_h,
                                             const at::Tensor& weights,
                                             const at::Tensor& old_h,
                                             OutputMask output_mask);
+// Fused CUDA sequence operators (cuda/seq_forward.cu, cuda/seq_backward.cu).
+SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,
+                                        const at::Tensor& weights,
+                                        const std::optional<at::Tensor>& bias,
+                                        const at::Tensor& h0,
+                                        const at::Tensor& c0,
+                                        const std::optional<at::Tensor>& lengths);
+SeqBackwardResult fused_seq_backward_cuda(
+    const std::optional<at::Tensor>& grad_output,
+    const std::optional<at::Tensor>& grad_h_n,
+    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
+    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& output,
+    const at::Tensor& cells, const at::Tensor& gates,
+    const std::optional<at::Tensor>& lengths, OutputMask output_mask);
 // Comma-separated list of the architectures the CUDA sources were built for,
 // as nvcc's __CUDA_ARCH_LIST__ spells them (e.g. "900" or "800,900").
 std::string cuda_arch_list();

@@ -1,6 +1,7 @@
 """Times the two implementations of the fused CUDA backend against each other
 and against the bare GEMMs, to place the small/blas switch
-(kSmallPathMaxMacs in lltm/csrc/cuda/launch_utils.h) and to split each
+(kSmallPathMaxMacsEager / kSmallPathMaxMacsGraph in
+lltm/csrc/cuda/launch_utils.h) and to split each
 step's time into GEMM floor and the rest.
 
 For each size and path (LLTM_CUDA_PATH=small|blas):
@@ -11,7 +12,7 @@ For each size and path (LLTM_CUDA_PATH=small|blas):
 - gemm: GPU time of the bare GEMMs of the same shapes (addmm forward,
   mm + mm backward), from graph replays too.
 
-    python scripts/cuda_path_sweep.py [--sizes 16x32x128,...] [--dtype float32] [--json FILE]
+    python -m lltm.bench.cuda_path_sweep [--sizes 16x32x128,...] [--dtype float32] [--json FILE]
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def main():
     torch.cuda.synchronize()
     rows = []
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; µs")
-    hdr = f"{'size':>16} {'path':>6} {'eager q':>9} {'eager s':>9} {'gpu fwd':>9} {'gpu f+b':>9} {'gemm f':>8} {'gemm b':>8} {'fwd/gemm':>8} {'bwd/gemm':>8}"
+    hdr = f"{'size':>16} {'path':>6} {'eager q':>9} {'eager s':>9} {'gpu fwd':>9} {'gpu f+b':>9} "
+    hdr += f"{'gemm f':>8} {'gemm b':>8} {'fwd/gemm':>8} {'bwd/gemm':>8}"
     print(hdr)
     for size in args.sizes.split(","):
         B, I, S = (int(v) for v in size.split("x"))
@@ -144,7 +146,8 @@ def main():
             bwd = r["graph_step_us"] - r["graph_fwd_us"]
             print(
                 f"{size:>16} {path:>6} {r['eager_step_queued_us']:9.1f} {r['eager_step_sync_us']:9.1f} "
-                f"{r['graph_fwd_us']:9.1f} {r['graph_step_us']:9.1f} {floor['gemm_fwd_us']:8.1f} {floor['gemm_bwd_us']:8.1f} "
+                f"{r['graph_fwd_us']:9.1f} {r['graph_step_us']:9.1f} "
+                f"{floor['gemm_fwd_us']:8.1f} {floor['gemm_bwd_us']:8.1f} "
                 f"{r['graph_fwd_us'] / floor['gemm_fwd_us']:8.2f} {bwd / floor['gemm_bwd_us']:8.2f}",
                 flush=True,
             )

@@ -8,7 +8,8 @@
 2. GPU time per kernel (torch.profiler) of a few forward+backward steps at
    the given large sizes: GEMMs, pointwise passes, anything else.
 
-    python scripts/cuda_profile.py [--host-sizes 16x32x128,...] [--kernel-sizes 4096x1024x1024] [--dtypes float32,bfloat16]
+    python -m lltm.bench.cuda_profile [--host-sizes 16x32x128,...] [--kernel-sizes 4096x1024x1024]
+                                      [--dtypes float32,bfloat16]
 """
 
 from __future__ import annotations
@@ -53,7 +54,20 @@ def host_costs(sizes, dtype):
     # (no .grad at all); py step0: the python cell's step0, the T1 reference;
     # AD floor: step0 of the smallest graph (one leaf, one mul), i.e. what the
     # autograd engine costs by itself (hand-off to the device thread and back).
-    cols = ("size", "path", "add", "mm", "AD floor", "fwd op", "bwd op", "fwd+AD", "step", "step0", "grad()", "py step0")
+    cols = (
+        "size",
+        "path",
+        "add",
+        "mm",
+        "AD floor",
+        "fwd op",
+        "bwd op",
+        "fwd+AD",
+        "step",
+        "step0",
+        "grad()",
+        "py step0",
+    )
     print(" ".join(f"{c:>10}" for c in cols))
     for size in sizes:
         B, I, S = (int(v) for v in size.split("x"))
@@ -74,9 +88,7 @@ def host_costs(sizes, dtype):
             fwd_op = per_call_us(lambda: torch.ops.lltm.fused_cell_forward(xd, Wd, bd, hd, cd))
             _, new_cell, gates = torch.ops.lltm.fused_cell_forward(xd, Wd, bd, hd, cd)
             mask = [True] * 5
-            bwd_op = per_call_us(
-                lambda: torch.ops.lltm.fused_cell_backward(gh, gc, new_cell, gates, xd, Wd, hd, mask)
-            )
+            bwd_op = per_call_us(lambda: torch.ops.lltm.fused_cell_backward(gh, gc, new_cell, gates, xd, Wd, hd, mask))
             fwd_ad = per_call_us(lambda: functional.lltm_cell(x, W, b, h, c, backend="fused"))
 
             def step():

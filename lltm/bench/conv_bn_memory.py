@@ -1,8 +1,8 @@
 """Memory and time of the fused Conv2d+BatchNorm2d training layer vs nn.Conv2d + nn.BatchNorm2d.
 
-    python benchmarks/conv_bn_memory.py                      # cuda if available, else cpu
-    python benchmarks/conv_bn_memory.py --device cpu --min-run-time 20
-    python benchmarks/conv_bn_memory.py --batch 32 --size 28 --markdown
+    python -m lltm.bench.conv_bn_memory                      # cuda if available, else cpu
+    python -m lltm.bench.conv_bn_memory --device cpu --min-run-time 20
+    python -m lltm.bench.conv_bn_memory --batch 32 --size 28 --markdown
 
 Measures, for one training step of the layer (input requires grad, as in the
 middle of a network):
@@ -25,16 +25,13 @@ import datetime
 import os
 import statistics
 import sys
-from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
 from torch.utils.benchmark import Timer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from lltm.extending import FusedConvBN2d, saved_tensors_report  # noqa: E402
+from lltm.extending import FusedConvBN2d, saved_tensors_report
 
 MB = 1024**2
 

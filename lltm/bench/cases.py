@@ -1,0 +1,256 @@
+"""What `lltm bench` times: one row vocabulary for the cell and the sequence mode.
+
+A row is built into a :class:`Case` (a forward and a backward closure over
+fixed inputs) or refused with :class:`Skip`, whose message says why (not
+available on the device, CUDA only, cell mode only); the report lists the
+skipped rows with that reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from lltm import _backends, functional
+from lltm.reference import lltm_cell_reference
+
+Outputs = tuple[Tensor, ...]
+
+BACKEND_ROWS = ("python", "aten", "fused")
+# name -> what it is, in both modes (cell mode | sequence mode)
+ROWS: dict[str, str] = {
+    "python": "lltm, backend='python' (the reference; a per-step loop in sequence mode)",
+    "aten": "lltm, backend='aten'",
+    "fused": "lltm, backend='fused'",
+    "compile": "torch.compile of the python cell | of lltm.LLTM(backend='python')",
+    "compile-ro": "the same, mode='reduce-overhead' (CUDA graphs; CUDA only)",
+    "lstm": "nn.LSTMCell | nn.LSTM (cuDNN on GPU), same state size",
+    "lstm-notf32": "nn.LSTM with torch.backends.cudnn.allow_tf32 = False (sequence mode, CUDA only)",
+    "gemm": "the bare GEMMs of one cell step: addmm forward, two mm backward (cell mode only)",
+}
+ALIASES = {"lstmcell": "lstm", "notf32": "lstm-notf32"}
+CELL_DEFAULT = ("python", "aten", "fused", "compile", "compile-ro", "lstm", "gemm")
+SEQ_DEFAULT = ("python", "aten", "fused", "compile", "compile-ro", "lstm", "lstm-notf32")
+
+
+class Skip(Exception):
+    """A row that cannot run here; the message is the reason."""
+
+
+@dataclass
+class Case:
+    """One row to time: forward() -> outputs, backward(outputs) -> None.
+
+    `parameters` are left out of the saved-for-backward count (they exist
+    anyway, whatever the row saves).
+    """
+
+    name: str
+    forward: Callable[[], Outputs]
+    backward: Callable[[Outputs], None]
+    note: str = ""
+    parameters: list[Tensor] = field(default_factory=list)
+    autograd: bool = True  # False: no graph to measure memory of (the bare GEMMs)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The sizes and settings every row of one run shares."""
+
+    batch_size: int
+    features: int
+    state_size: int
+    seq: int  # 0: cell mode
+    device: torch.device
+    dtype: torch.dtype
+    seed: int = 0
+    param_grads_only: bool = False
+    accumulate_grads: bool = False
+
+
+def parse_rows(text: str) -> list[str]:
+    """'python,aten' -> ['python', 'aten']; unknown names raise ValueError."""
+    names = [ALIASES.get(n.strip(), n.strip()) for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ROWS]
+    if unknown or not names:
+        raise ValueError(
+            f"unknown row {', '.join(map(repr, unknown)) or '(none given)'}; choose from {', '.join(ROWS)}"
+        )
+    return list(dict.fromkeys(names))  # once each, in the order given
+
+
+def _autograd_backward(grads: Outputs, leaves: list[Tensor], accumulate: bool) -> Callable[[Outputs], None]:
+    """backward(outputs): autograd into `.grad` of `leaves`, reset to None
+    first unless `accumulate` (set-to-None costs no kernel; zeroing would)."""
+    leaves = [t for t in leaves if t.requires_grad]
+
+    def backward(outputs: Outputs) -> None:
+        if not accumulate:
+            for t in leaves:
+                t.grad = None
+        torch.autograd.backward(outputs[: len(grads)], grads)
+
+    return backward
+
+
+@contextlib.contextmanager
+def _cudnn_tf32(allowed: bool) -> Iterator[None]:
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+
+
+def _no_tf32(case: Case) -> Case:
+    """The same case with cuDNN's TF32 off around forward and backward."""
+    forward, backward = case.forward, case.backward
+
+    def fwd() -> Outputs:
+        with _cudnn_tf32(False):
+            return forward()
+
+    def bwd(outputs: Outputs) -> None:
+        with _cudnn_tf32(False):
+            backward(outputs)
+
+    case.forward, case.backward = fwd, bwd
+    return case
+
+
+def _check_common(name: str, cfg: Config) -> None:
+    """Reasons shared by both modes for a row not to run."""
+    cuda = cfg.device.type == "cuda"
+    if name in BACKEND_ROWS and not _backends.is_available(name, cfg.device.type):
+        raise Skip(f"backend {name!r} is not available on {cfg.device.type}")
+    if name in ("compile-ro", "lstm-notf32") and not cuda:
+        raise Skip("CUDA only")
+
+
+class _Random:
+    """Uniform [-1, 1) tensors from one seeded CPU generator, moved to the device."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
+
+    def __call__(self, *shape: int, grad: bool, scale: float = 1.0) -> Tensor:
+        t = (torch.rand(*shape, generator=self.gen) * 2 - 1) * scale
+        return t.to(device=self.cfg.device, dtype=self.cfg.dtype).requires_grad_(grad)
+
+
+def cell_case(name: str, cfg: Config) -> Case:
+    """A row of the cell mode: one step, input (B, I), state (B, S)."""
+    _check_common(name, cfg)
+    if name == "lstm-notf32":
+        raise Skip("sequence mode only (nn.LSTMCell does not run cuDNN)")
+    B, I, S = cfg.batch_size, cfg.features, cfg.state_size
+    rand = _Random(cfg)
+    input_grad = not cfg.param_grads_only
+    x = rand(B, I, grad=input_grad)
+    h = rand(B, S, grad=input_grad)
+    c = rand(B, S, grad=input_grad)
+    bound = S**-0.5
+    W = rand(3 * S, S + I, grad=True, scale=bound)
+    b = rand(3 * S, grad=True, scale=bound)
+    grads = (rand(B, S, grad=False), rand(B, S, grad=False))
+    backward = _autograd_backward(grads, [x, h, c, W, b], cfg.accumulate_grads)
+
+    if name in BACKEND_ROWS:
+        return Case(name, lambda: functional.lltm_cell(x, W, b, h, c, backend=name), backward, parameters=[W, b])
+    if name in ("compile", "compile-ro"):
+        mode = "reduce-overhead" if name == "compile-ro" else None
+        compiled = torch.compile(lltm_cell_reference, mode=mode, fullgraph=True)
+
+        def fwd() -> Outputs:
+            if mode is not None:
+                torch.compiler.cudagraph_mark_step_begin()
+            return compiled(x, W, b, h, c)
+
+        note = "torch.compile of the python cell" + (f", {mode}" if mode else "")
+        return Case(name, fwd, backward, note=note, parameters=[W, b])
+    if name == "lstm":
+        cell = nn.LSTMCell(I, S, device=cfg.device, dtype=cfg.dtype)
+        params = list(cell.parameters())
+        cell_backward = _autograd_backward(grads, [x, h, c, *params], cfg.accumulate_grads)
+        return Case(
+            name, lambda: cell(x, (h, c)), cell_backward, note="nn.LSTMCell, same state size", parameters=params
+        )
+    if name == "gemm":
+        # The floor: the GEMMs every backend must run. Forward: gates =
+        # addmm(b, X, W^T); backward: dX = dG W and dW = dG^T X.
+        X = rand(B, S + I, grad=False)
+        Wd, bd = W.detach(), b.detach()
+        dG = rand(B, 3 * S, grad=False)
+
+        def gemm_bwd(_outputs: Outputs) -> None:
+            torch.mm(dG, Wd)
+            torch.mm(dG.t(), X)
+
+        return Case(
+            name, lambda: (torch.addmm(bd, X, Wd.t()),), gemm_bwd, note="bare GEMMs: addmm / two mm", autograd=False
+        )
+    raise ValueError(f"unknown row {name!r}")
+
+
+def seq_case(name: str, cfg: Config) -> Case:
+    """A row of the sequence mode: one layer over T steps, time-major,
+    input (T, B, I), loss on the output (T, B, S). Only the public modules
+    are used, so whatever lltm.LLTM runs per backend is what is timed."""
+    from lltm.modules import LLTM
+
+    _check_common(name, cfg)
+    if name == "gemm":
+        raise Skip("cell mode only")
+    T, B, I, S = cfg.seq, cfg.batch_size, cfg.features, cfg.state_size
+    rand = _Random(cfg)
+    x = rand(T, B, I, grad=not cfg.param_grads_only)
+    grad_out = rand(T, B, S, grad=False)
+    factory = {"device": cfg.device, "dtype": cfg.dtype}
+    note = f"lltm.LLTM, T={T}"
+    if name in BACKEND_ROWS:
+        module: nn.Module = LLTM(I, S, backend=name, **factory)
+        call = module
+    elif name in ("compile", "compile-ro"):
+        module = LLTM(I, S, backend="python", **factory)
+        mode = "reduce-overhead" if name == "compile-ro" else None
+        compiled = torch.compile(module, mode=mode, fullgraph=True)
+
+        def call(inp: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+            if mode is not None:
+                torch.compiler.cudagraph_mark_step_begin()
+            return compiled(inp)
+
+        note = "torch.compile of lltm.LLTM(backend='python')" + (f", {mode}" if mode else "")
+    else:  # lstm, lstm-notf32
+        module = nn.LSTM(I, S, **factory)
+        call = module
+        note = "nn.LSTM, same state size" + (", cudnn.allow_tf32 = False" if name == "lstm-notf32" else "")
+
+    params = list(module.parameters())
+
+    def fwd() -> Outputs:
+        output, _ = call(x)
+        return (output,)
+
+    case = Case(
+        name, fwd, _autograd_backward((grad_out,), [x, *params], cfg.accumulate_grads), note=note, parameters=params
+    )
+    return _no_tf32(case) if name == "lstm-notf32" else case
+
+
+def build(names: list[str], cfg: Config) -> tuple[list[Case], dict[str, str]]:
+    """The cases that can run, and {row: reason} for those that cannot."""
+    make = seq_case if cfg.seq else cell_case
+    cases, skipped = [], {}
+    for name in names:
+        try:
+            cases.append(make(name, cfg))
+        except Skip as why:
+            skipped[name] = str(why)
+    return cases, skipped

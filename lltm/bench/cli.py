@@ -1,0 +1,166 @@
+"""`lltm bench`: the arguments (validated before any work) and the run."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import sys
+
+import torch
+
+from lltm.bench import cases as rows_mod
+from lltm.bench import report, timing
+from lltm.cli import device_arg, int_at_least, output_file, positive_float
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _rows(text: str) -> list[str]:
+    try:
+        return rows_mod.parse_rows(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Forward and backward time of every lltm backend beside its peers, by the tutorial's host-clock method "
+        "and by torch.utils.benchmark; --seq T times one lltm.LLTM layer over T steps against nn.LSTM and "
+        "reports memory. Rows that cannot run here are listed as skipped, with the reason; the exit status is "
+        "1 when no row ran."
+    )
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = "rows (one vocabulary for both modes):\n" + "\n".join(
+        f"  {name:<12} {what}" for name, what in rows_mod.ROWS.items()
+    )
+    p.epilog += (
+        f"\ndefault rows: {','.join(rows_mod.CELL_DEFAULT)} (cell mode), {','.join(rows_mod.SEQ_DEFAULT)} (--seq)"
+    )
+    p.add_argument("-b", "--batch-size", type=int_at_least(1), default=16)
+    p.add_argument("-f", "--features", type=int_at_least(1), default=32, help="input features")
+    p.add_argument("-s", "--state-size", type=int_at_least(1), default=128)
+    p.add_argument("-r", "--runs", type=int_at_least(1), default=100, help="timed passes of the host-clock method")
+    p.add_argument("--warmup", type=int_at_least(0), default=5, help="untimed passes before timing each row")
+    p.add_argument("--min-run-time", type=positive_float, default=0.5, help="seconds per blocked_autorange")
+    p.add_argument(
+        "--rounds",
+        type=int_at_least(1),
+        default=3,
+        help="Timer measurements per row, rows interleaved; the median is reported",
+    )
+    p.add_argument("--device", type=device_arg, default=torch.device("cpu"), help="cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("-d", "--double", action="store_true", help="shorthand for --dtype float64")
+    p.add_argument(
+        "--rows",
+        "--backends",
+        dest="rows",
+        type=_rows,
+        default=None,
+        help="comma-separated rows (default: those of the mode, see below)",
+    )
+    p.add_argument(
+        "--seq",
+        type=int_at_least(0),
+        default=0,
+        metavar="T",
+        help="time one lltm.LLTM layer over T steps (time-major) against nn.LSTM, with memory; 0: one cell step",
+    )
+    p.add_argument(
+        "--param-grads-only", action="store_true", help="only parameters need gradients (the tutorial's setting)"
+    )
+    p.add_argument(
+        "--accumulate-grads",
+        action="store_true",
+        help="add into .grad on every pass (the tutorial's loop) instead of starting each backward from .grad = None",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=output_file, help="write the results as JSON here")
+    p.add_argument("--plot", type=output_file, help="write a PNG bar chart here (needs matplotlib)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def run(args: argparse.Namespace) -> int:
+    device: torch.device = args.device
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print("lltm bench: --device cuda asked for, but torch sees no CUDA device", file=sys.stderr)
+            return 2
+        if device.index is None:  # "cuda" means the current device
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("lltm bench: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
+            return 2
+    dtype = torch.float64 if args.double else DTYPES[args.dtype]
+    names = args.rows or list(rows_mod.SEQ_DEFAULT if args.seq else rows_mod.CELL_DEFAULT)
+    cfg = rows_mod.Config(
+        batch_size=args.batch_size,
+        features=args.features,
+        state_size=args.state_size,
+        seq=args.seq,
+        device=device,
+        dtype=dtype,
+        seed=args.seed,
+        param_grads_only=args.param_grads_only,
+        accumulate_grads=args.accumulate_grads,
+    )
+    cases, skipped = rows_mod.build(names, cfg)
+    for name, why in skipped.items():
+        print(f"lltm bench: skipping {name}: {why}", file=sys.stderr)
+    if not cases:
+        print("lltm bench: no row can run here; nothing measured", file=sys.stderr)
+        return 1
+
+    from tqdm import tqdm
+
+    total = (args.runs + args.rounds) * len(cases)
+    with tqdm(total=total, desc="lltm bench", unit="pass", disable=args.no_progress or None, file=sys.stderr) as bar:
+
+        def tick(label: str) -> None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update(1)
+
+        measured = timing.measure(
+            cases,
+            runs=args.runs,
+            warmup=args.warmup,
+            rounds=args.rounds,
+            min_run_time=args.min_run_time,
+            device=device,
+            tick=tick,
+        )
+    rows = report.results(cases, measured)
+    meta = {
+        "batch_size": args.batch_size,
+        "features": args.features,
+        "state_size": args.state_size,
+        "seq": args.seq,
+        "dtype": str(dtype).replace("torch.", ""),
+        "device": str(device),
+        "device_name": _device_name(device),
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "runs": args.runs,
+        "rounds": args.rounds,
+        "gradients": ("parameters only" if args.param_grads_only else "input, state and parameters")
+        + (", accumulated into .grad" if args.accumulate_grads else ", .grad reset to None per step"),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+    }
+    print(report.format_table(rows, meta, skipped))
+    if args.json:
+        report.write_json(args.json, rows, meta, skipped)
+    if args.plot:
+        report.plot(rows, meta, args.plot)
+    return 0
