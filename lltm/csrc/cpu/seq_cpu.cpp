@@ -185,3 +185,14 @@ TORCH_LIBRARY_IMPL(lltm, CPU, m) {
   m.impl("fused_seq_forward", &lltm::fused_seq_forward_cpu);
   m.impl("fused_seq_backward", &lltm::fused_seq_backward_cpu);
 }
+
+// A sparse argument sends the call to a sparse dispatch key: the same kernels
+// then reject it in their argument checks, with a message that names it.
+TORCH_LIBRARY_IMPL(lltm, SparseCPU, m) {
+  m.impl("fused_seq_forward", &lltm::fused_seq_forward_cpu);
+  m.impl("fused_seq_backward", &lltm::fused_seq_backward_cpu);
+}
+TORCH_LIBRARY_IMPL(lltm, SparseCsrCPU, m) {
+  m.impl("fused_seq_forward", &lltm::fused_seq_forward_cpu);
+  m.impl("fused_seq_backward", &lltm::fused_seq_backward_cpu);
+}
