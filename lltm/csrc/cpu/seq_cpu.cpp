@@ -32,6 +32,7 @@ namespace {
 
 using cpu::for_rows;
 using cpu::has;
+using cpu::step_ptr;
 
 SeqForwardResult fused_seq_forward_cpu(const at::Tensor& input,                   // (T, B, I)
                                        const at::Tensor& weights,                 // (3S, S + I)
@@ -75,9 +76,9 @@ SeqForwardResult fused_seq_forward_cpu(const at::Tensor& input,                 
   for (int64_t t = 0; t < steps; ++t) {
     const at::Tensor h_prev = masked ? h_carry : (t == 0 ? h0 : output[t - 1]);
     at::mm_out(hproj, h_prev, w_h_t);
-    const void* c_prev = t == 0 ? c_init.const_data_ptr() : cells[t - 1].const_data_ptr();
-    const cpu::ForwardStep step{gates[t].data_ptr(), hproj.const_data_ptr(), cpu::ptr_or_null(b), c_prev,
-                                cells[t].data_ptr(), output[t].data_ptr(),
+    const void* c_prev = t == 0 ? c_init.const_data_ptr() : step_ptr(cells, t - 1);
+    const cpu::ForwardStep step{step_ptr(gates, t), hproj.const_data_ptr(), cpu::ptr_or_null(b), c_prev,
+                                step_ptr(cells, t), step_ptr(output, t),
                                 masked ? h_carry.data_ptr() : nullptr, len_ptr, t, state};
     for_rows(batch, state, [&](int64_t begin, int64_t end) { kernels.forward(step, begin, end); });
   }
@@ -128,9 +129,9 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
     const bool masked = len.defined();
     const int64_t* len_ptr = masked ? len.const_data_ptr<int64_t>() : nullptr;
     for (int64_t t = steps - 1; t >= 0; --t) {
-      const cpu::BackwardStep step{dh.data_ptr(), go.defined() ? go[t].const_data_ptr() : nullptr,
-                                   dc.const_data_ptr(), dc.data_ptr(), cs[t].const_data_ptr(),
-                                   g[t].const_data_ptr(), d_pre[t].data_ptr(), len_ptr, t, state,
+      const cpu::BackwardStep step{dh.data_ptr(), go.defined() ? step_ptr(go, t) : nullptr,
+                                   dc.const_data_ptr(), dc.data_ptr(), step_ptr(cs, t),
+                                   step_ptr(g, t), step_ptr(d_pre, t), len_ptr, t, state,
                                    /*zero_grad_h=*/masked, /*dc_opmath=*/true};
       for_rows(batch, state, [&](int64_t begin, int64_t end) { kernels.backward(step, begin, end); });
       if (t > 0 || want_h0) {
