@@ -208,7 +208,8 @@ from lltm import functional
 torch.manual_seed(0)
 x = torch.randn(4, 33, 7, dtype=torch.float64)
 W = torch.randn(3 * 37, 37 + 7, dtype=torch.float64) * 0.2
-b, h0, c0 = torch.randn(3 * 37, dtype=torch.float64), torch.randn(33, 37, dtype=torch.float64), torch.randn(33, 37, dtype=torch.float64)
+b = torch.randn(3 * 37, dtype=torch.float64)
+h0, c0 = torch.randn(2, 33, 37, dtype=torch.float64)
 rows = []
 for dtype in (torch.float32, torch.float64, torch.bfloat16):
     args = [a.to(dtype).clone().requires_grad_() for a in (x, W, b, h0, c0)]
