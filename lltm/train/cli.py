@@ -107,7 +107,8 @@ def _run(args: argparse.Namespace) -> int:
                        keep=args.keep, resume=args.resume, progress=not args.quiet)
         results: list[Result] = []
         for kind in kinds:
-            cfg = ModelConfig(**{**base.as_dict(), "kind": kind, "hidden": lstm_hidden if kind == "lstm" else args.hidden})
+            hidden = lstm_hidden if kind == "lstm" else args.hidden
+            cfg = ModelConfig(**{**base.as_dict(), "kind": kind, "hidden": hidden})
             ckpt_dir: str | None = None
             if args.ckpt:
                 ckpt_dir = os.path.join(args.ckpt, kind) if args.compare else args.ckpt

@@ -172,7 +172,8 @@ def train_model(
     params = count_parameters(cfg)
     metrics.write({"kind": "config", "step": start, "world": ctx.world, "params": params, "device": str(ctx.device),
                    "bf16": opts.bf16, "compile": opts.compile, "lr": opts.lr, "batch": task.batch,
-                   "seq_len": task.seq_len, "torch": torch.__version__, **config["model"], **config["task"]})
+                   "seq_len": task.seq_len, "torch": torch.__version__, "model": cfg.kind,
+                   **{k: v for k, v in config["model"].items() if k != "kind"}, **config["task"]})
 
     def save(step: int) -> None:
         rngs = ctx.gather(checkpoint.rng_state(ctx.device))  # collective: every rank takes part
