@@ -126,7 +126,8 @@ def _run(args: argparse.Namespace) -> int:
 
                 runs = {f"{r.kind} h={r.hidden} ({r.params:,} params)": r.metrics for r in results}
                 png = plot_runs(runs, os.path.join(args.out, "loss.png"),
-                                title=f"{args.task}: batch {task.batch}, seq {task.seq_len}, {ctx.world} rank(s)")
+                                title=f"{args.task}: batch {task.batch}, seq {task.seq_len}, {ctx.world} rank(s)",
+                                ylabel=task.loss_name)
                 print(f"metrics: {', '.join(r.metrics for r in results)}; curves: {png}")
     finally:
         ddp.teardown()

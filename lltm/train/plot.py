@@ -10,7 +10,7 @@ def read_metrics(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_runs(runs: dict[str, str], out_png: str, title: str | None = None) -> str:
+def plot_runs(runs: dict[str, str], out_png: str, title: str | None = None, ylabel: str = "loss") -> str:
     """One figure, two panels (loss vs step, loss vs training seconds); for each
     run (label -> metrics path) the training loss as a line and the held-out loss
     as dots of the same colour. Returns out_png."""
@@ -31,7 +31,7 @@ def plot_runs(runs: dict[str, str], out_png: str, title: str | None = None) -> s
                     label=f"{label} held-out")
     axes[0].set_xlabel("step")
     axes[1].set_xlabel("training time (s)")
-    axes[0].set_ylabel("loss")
+    axes[0].set_ylabel(ylabel)
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)

@@ -66,6 +66,7 @@ class Task:
     tokens: bool = True
     readout: str = "all"
     baseline: str = ""  # what a model that learned nothing scores, for the docs and the summary
+    loss_name: str = "loss"
 
     def __init__(self, *, seed: int, batch: int, seq_len: int, eval_batches: int) -> None:
         if batch < 1 or seq_len < 1:
@@ -106,6 +107,7 @@ class CopyTask(Task):
 
     name, n_in, n_out, tokens, readout = "copy", 10, 10, True, "all"
     baseline = "loss ln 8 = 2.079, accuracy 0.125"
+    loss_name = "cross-entropy at the recall steps"
     BLANK, DELIM, SYMBOLS = 0, 9, 8
 
     def __init__(self, *, copy_len: int, **kw) -> None:
@@ -148,6 +150,7 @@ class AddingTask(Task):
 
     name, n_in, n_out, tokens, readout = "adding", 2, 1, False, "last"
     baseline = "MSE 0.167, accuracy 0.078 (always 1.0)"
+    loss_name = "mean squared error"
     TOLERANCE = 0.04
 
     def __init__(self, **kw) -> None:
@@ -207,6 +210,7 @@ class CharLMTask(Task):
 
     name, n_in, n_out, tokens, readout = "charlm", 256, 256, True, "all"
     baseline = "loss ln 256 = 5.545 (8 bits/char)"
+    loss_name = "cross-entropy (nats per byte)"
 
     def __init__(self, *, text: str | None, held_out_frac: float = 0.05, **kw) -> None:
         super().__init__(**kw)
