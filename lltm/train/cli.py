@@ -63,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("steps", "log_every", "eval_every", "ckpt_every", "hidden", "layers", "embed", "batch"):
+    positive = ("steps", "log_every", "eval_every", "ckpt_every", "hidden", "layers", "embed", "batch", "eval_batches")
+    for name in positive:
         if getattr(args, name) < 1:
             raise ValueError(f"lltm train: --{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.resume and not args.ckpt:

@@ -243,6 +243,9 @@ def train_model(
                 save(done)
             clock["mark"] = time.perf_counter()
     bar.close()
+    if own_steps == 0 and ctx.is_main:  # resumed at or past --steps: report where the checkpoint stands
+        res = evaluate(model, task, ctx, opts.bf16)
+        eval_loss, eval_acc = res["loss"], res["acc"]
     ctx.barrier()  # rank 0 may still be evaluating or writing
     return Result(kind=cfg.kind, hidden=cfg.hidden, params=params, steps=opts.steps, train_loss=train_loss,
                   eval_loss=eval_loss, eval_acc=eval_acc, steps_per_s=own_steps / max(clock["own"], 1e-9),
