@@ -1,4 +1,4 @@
-"""The `lltm` command (also `python -m lltm`): bench, check, info."""
+"""The `lltm` command (also `python -m lltm`): bench, check, info, train."""
 
 from __future__ import annotations
 
@@ -100,6 +100,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p_check = sub.add_parser("check", help="every backend vs the reference in float64, then gradcheck")
     check.add_arguments(p_check)
     p_check.set_defaults(func=check.run)
+    from lltm.train import cli as train_cli
+
+    p_train = sub.add_parser("train", help="train an LLTM or nn.LSTM sequence model (also under torchrun)")
+    train_cli.add_arguments(p_train)
+    p_train.set_defaults(func=train_cli.run)
     p_info = sub.add_parser("info", help="versions, build mode, compiled backends per device")
     p_info.set_defaults(func=_info)
     args = parser.parse_args(argv)

@@ -496,3 +496,25 @@ def test_export_with_dynamic_length(device, backend):
     for T in (3, 17, 100):
         x = torch.randn(T, 2, 3, device=device)
         torch.testing.assert_close(ep.module()(x), model(x))
+
+
+@pytest.mark.parametrize("device,backend", backend_params(devices=["cpu"], backends=COMPILED))
+def test_cpu_autocast_bfloat16(device, backend):
+    """Under torch.autocast("cpu", bfloat16) the layer and the cell take the
+    bfloat16 activations of the layers around them and run in bfloat16;
+    float32 parameters get float32 gradients."""
+    torch.manual_seed(0)
+    model = lltm.LLTM(8, 16, num_layers=2, backend=backend)
+    cell = lltm.LLTMCell(8, 16, backend=backend)
+    proj = torch.nn.Linear(4, 8)
+    x = torch.randn(5, 3, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, (h_n, c_n) = model(proj(x))
+        new_h, _ = cell(proj(x[0]))
+    assert out.dtype == new_h.dtype == torch.bfloat16
+    (out.float().sum() + new_h.float().sum()).backward()
+    assert all(p.grad.dtype == torch.float32 for p in list(model.parameters()) + list(cell.parameters()))
+    ref = lltm.LLTM(8, 16, num_layers=2, backend="python", dtype=torch.float64)
+    ref.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    expected, _ = ref(proj(x).double())
+    assert _rel_err(out, expected) <= 2e-2

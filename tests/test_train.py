@@ -1,0 +1,311 @@
+"""`lltm train`: tasks, parameter matching, smoke runs, bit-exact resume, checkpoints, DDP under torchrun."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from lltm import cli
+from lltm.train import checkpoint
+from lltm.train.model import ModelConfig, count_parameters, matched_hidden
+from lltm.train.tasks import AddingTask, CharLMTask, CopyTask, make_task, shard
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Small everything: each run takes about a second on two cores.
+SMALL = ["--hidden", "16", "--embed", "8", "--batch", "8", "--log-every", "2", "--eval-every", "3",
+         "--eval-batches", "2", "--quiet", "--device", "cpu"]
+
+
+def _train(tmp_path, *args: str, out: str = "out") -> int:
+    return cli.main(["train", *SMALL, "--out", str(tmp_path / out), *args])
+
+
+def _rows(path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def _final(ckpt_dir) -> dict:
+    _, path = checkpoint.list_checkpoints(str(ckpt_dir))[-1]
+    return torch.load(path, weights_only=True)
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    assert a["step"] == b["step"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for idx, sa in a["optimizer"]["state"].items():
+        for key, va in sa.items():
+            assert torch.equal(va, b["optimizer"]["state"][idx][key]), (idx, key)
+
+
+# --- tasks ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["copy", "adding", "charlm"])
+def test_batches_are_a_function_of_the_step(name):
+    task = make_task(name, seed=3, batch=8)
+    x, y = task.train_batch(5)
+    x2, y2 = task.train_batch(5)
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+    assert not torch.equal(x, task.train_batch(6)[0])
+    assert not torch.equal(x, make_task(name, seed=4, batch=8).train_batch(5)[0])
+    # Shards of any rank count put the global batch back together in order.
+    for world in (1, 2, 4):
+        assert torch.equal(torch.cat([shard(x, r, world) for r in range(world)]), x)
+    held = list(task.held_out())
+    assert len(held) == task.eval_batches
+    assert torch.equal(held[0][0], next(iter(task.held_out()))[0])  # the same held-out data at every evaluation
+
+
+def test_shard_needs_a_divisible_batch():
+    with pytest.raises(ValueError, match="--batch 6 must be divisible by the number of ranks \\(4\\)"):
+        shard(torch.zeros(6, 3), 0, 4)
+
+
+def test_copy_task_layout():
+    task = CopyTask(copy_len=4, seed=0, batch=16, seq_len=15, eval_batches=1)
+    x, y = task.train_batch(0)
+    assert x.shape == y.shape == (16, 15)
+    assert ((x[:, :4] >= 1) & (x[:, :4] <= 8)).all()
+    assert (x[:, 4:10] == 0).all() and (x[:, 10] == 9).all() and (x[:, 11:] == 0).all()
+    assert torch.equal(y[:, 11:], x[:, :4]) and (y[:, :11] == -100).all()
+    with pytest.raises(ValueError, match="--seq-len >= 2 \\* --copy-len \\+ 1 = 9"):
+        CopyTask(copy_len=4, seed=0, batch=2, seq_len=8, eval_batches=1)
+
+
+def test_adding_task_target_is_the_sum_of_the_marked_values():
+    task = AddingTask(seed=1, batch=64, seq_len=10, eval_batches=1)
+    x, y = task.train_batch(2)
+    assert x.shape == (64, 10, 2) and y.shape == (64, 1)
+    marks = x[..., 1].to(torch.float64)
+    assert (marks.sum(1) == 2).all()
+    assert (marks[:, :5].sum(1) == 1).all()  # one marker in each half
+    expected = (x[..., 0].to(torch.float64) * marks).sum(1, keepdim=True)
+    torch.testing.assert_close(y.to(torch.float64), expected, rtol=0, atol=1e-6)
+
+
+def test_charlm_targets_are_the_next_bytes(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_bytes(bytes(range(256)) * 8)
+    task = CharLMTask(text=str(text), seed=0, batch=4, seq_len=16, eval_batches=2)
+    x, y = task.train_batch(0)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    assert torch.equal((x + 1) % 256, y)  # this text counts up byte by byte
+    split = len(task.train_data)
+    for xe, _ in task.held_out():  # held-out windows come from the end of the text
+        assert xe.shape == (4, 16)
+    assert split == int(256 * 8 * 0.95)
+    with pytest.raises(ValueError, match="cannot read --text"):
+        CharLMTask(text=str(tmp_path / "missing.txt"), seed=0, batch=4, seq_len=16, eval_batches=2)
+
+
+def test_default_corpus_is_python_source():
+    task = make_task("charlm", seed=0, batch=2)
+    assert task.source == "python-stdlib"
+    assert len(task.data) > 100_000
+    assert b"def " in bytes(task.data[:200_000].tolist())
+
+
+# --- model ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind,layers", [("lltm", 1), ("lltm", 2), ("lstm", 2)])
+def test_parameter_count_matches_the_formula(kind, layers):
+    cfg = ModelConfig(kind=kind, n_in=256, n_out=256, hidden=24, layers=layers, embed=8, tokens=True, readout="all")
+    S, gates, biases = 24, (3 if kind == "lltm" else 4), (1 if kind == "lltm" else 2)
+    rnn = sum(gates * S * (S + (8 if k == 0 else S)) + biases * gates * S for k in range(layers))
+    assert count_parameters(cfg) == 256 * 8 + rnn + 24 * 256 + 256
+
+
+@pytest.mark.parametrize("hidden", [16, 64, 200])
+def test_match_params_picks_the_closest_lstm(hidden):
+    cfg = ModelConfig(kind="lltm", n_in=10, n_out=10, hidden=hidden, layers=2, embed=32, tokens=True, readout="all")
+    target = count_parameters(cfg)
+    h = matched_hidden(cfg, "lstm")
+
+    def gap(size: int) -> int:
+        return abs(count_parameters(ModelConfig(**{**cfg.as_dict(), "kind": "lstm", "hidden": size})) - target)
+
+    assert h < hidden  # an LSTM layer has 4 gates to the LLTM's 3
+    assert gap(h) <= gap(h - 1) and gap(h) <= gap(h + 1)
+    assert gap(h) / target < 0.03
+
+
+# --- smoke runs -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", ["copy", "adding", "charlm"])
+def test_train_compare_smoke(tmp_path, task, capsys):
+    extra = ["--seq-len", "16"] if task == "charlm" else []
+    assert _train(tmp_path, "--task", task, "--steps", "6", "--compare", "--match-params", *extra) == 0
+    out = capsys.readouterr().out
+    assert "| lltm | 16 |" in out and "| lstm |" in out
+    for kind in ("lltm", "lstm"):
+        rows = _rows(tmp_path / "out" / f"{kind}.jsonl")
+        assert rows[0]["kind"] == "config" and rows[0]["model"] == kind and rows[0]["task"] == task
+        train = [r for r in rows if r["kind"] == "train"]
+        assert [r["step"] for r in train] == [2, 4, 6]
+        assert all(math.isfinite(r["loss"]) and r["tokens_per_s"] > 0 for r in train)
+        assert [r["step"] for r in rows if r["kind"] == "eval"] == [3, 6]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    lltm_params, lstm_params = (r["params"] for r in summary["results"])
+    assert abs(lltm_params - lstm_params) / lltm_params < 0.05
+    png = tmp_path / "out" / "loss.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_charlm_learns(tmp_path):
+    """40 steps bring the held-out loss of a tiny LLTM well below uniform guessing (ln 256)."""
+    assert _train(tmp_path, "--task", "charlm", "--seq-len", "16", "--steps", "40", "--eval-every", "40",
+                  "--lr", "1e-2", "--no-plot") == 0
+    evals = [r for r in _rows(tmp_path / "out" / "lltm.jsonl") if r["kind"] == "eval"]
+    assert evals[-1]["loss"] < math.log(256) - 1.0
+
+
+@pytest.mark.parametrize("model,backend", [("lstm", "auto"), ("lltm", "python"), ("lltm", "aten"), ("lltm", "auto")])
+def test_bf16_autocast_on_cpu(tmp_path, model, backend):
+    assert _train(tmp_path, "--task", "adding", "--steps", "4", "--dtype", "bfloat16", "--model", model,
+                  "--backend", backend, "--no-plot") == 0
+    rows = _rows(tmp_path / "out" / f"{model}.jsonl")
+    assert rows[0]["bf16"] is True and math.isfinite(rows[-1]["loss"])
+
+
+def test_compile_smoke(tmp_path):
+    assert _train(tmp_path, "--task", "copy", "--seq-len", "5", "--copy-len", "2", "--steps", "2", "--compile",
+                  "--no-plot") == 0
+    assert math.isfinite(_rows(tmp_path / "out" / "lltm.jsonl")[-1]["loss"])
+
+
+# --- checkpoints and resume -----------------------------------------------------------------
+
+RESUME = ["--task", "copy", "--layers", "2", "--dropout", "0.3", "--ckpt-every", "3", "--no-plot"]
+
+
+def test_resume_is_bit_exact(tmp_path):
+    """8 steps straight == 4 steps, then a new process-level run resuming to 8 (dropout on: RNG restored)."""
+    assert _train(tmp_path, *RESUME, "--steps", "8", "--ckpt", str(tmp_path / "straight"), out="a") == 0
+    assert _train(tmp_path, *RESUME, "--steps", "4", "--ckpt", str(tmp_path / "split"), out="b") == 0
+    assert [s for s, _ in checkpoint.list_checkpoints(str(tmp_path / "split"))] == [3, 4]
+    assert _train(tmp_path, *RESUME, "--steps", "8", "--ckpt", str(tmp_path / "split"), "--resume", out="b") == 0
+    _assert_same_state(_final(tmp_path / "straight"), _final(tmp_path / "split"))
+    # The metrics of the two parts read as one run.
+    rows = [r for r in _rows(tmp_path / "b" / "lltm.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in rows] == [2, 4, 6, 8]
+    straight = [r["loss"] for r in _rows(tmp_path / "a" / "lltm.jsonl") if r["kind"] == "train"]
+    assert [r["loss"] for r in rows] == straight
+
+
+def test_keep_last_k(tmp_path):
+    assert _train(tmp_path, *RESUME, "--steps", "9", "--ckpt-every", "1", "--keep", "2",
+                  "--ckpt", str(tmp_path / "ck")) == 0
+    assert sorted(os.listdir(tmp_path / "ck")) == ["ckpt-00000008.pt", "ckpt-00000009.pt"]
+
+
+def test_wrong_checkpoint_gives_a_clear_error(tmp_path, capsys):
+    ck = str(tmp_path / "ck")
+    assert _train(tmp_path, *RESUME, "--steps", "3", "--ckpt", ck) == 0
+    capsys.readouterr()
+    assert _train(tmp_path, *RESUME, "--steps", "6", "--ckpt", ck, "--resume", "--hidden", "24") == 2
+    err = capsys.readouterr().err
+    assert "was written for another model or task (hidden: checkpoint 16, this run 24)" in err
+    assert "use another --ckpt directory" in err
+    assert _train(tmp_path, *RESUME, "--steps", "6", "--ckpt", ck, "--resume", "--model", "lstm") == 2
+    assert "kind: checkpoint 'lltm', this run 'lstm'" in capsys.readouterr().err
+    assert _train(tmp_path, "--task", "adding", "--steps", "6", "--ckpt", ck, "--resume") == 2
+    assert "task: checkpoint 'copy', this run 'adding'" in capsys.readouterr().err
+    # Without --resume a directory holding checkpoints is not overwritten.
+    assert _train(tmp_path, *RESUME, "--steps", "6", "--ckpt", ck) == 2
+    assert "already holds checkpoints (up to step 3); pass --resume" in capsys.readouterr().err
+
+
+def test_killed_mid_save_leaves_the_previous_checkpoint(tmp_path):
+    """A process SIGKILLed while writing its second checkpoint: the first stays loadable, the
+    partial file is ignored, and resuming from it ends bit-identical to an uninterrupted run."""
+    ck = tmp_path / "ck"
+    args = [*SMALL, *RESUME, "--steps", "6", "--ckpt", str(ck), "--out", str(tmp_path / "killed")]
+    script = textwrap.dedent(f"""
+        import io, os, signal, torch
+        from lltm import cli
+        real_save, calls = torch.save, [0]
+        def dying_save(obj, f, *a, **k):
+            calls[0] += 1
+            if calls[0] == 2:  # the second checkpoint: half of it reaches the disk, then the process dies
+                buf = io.BytesIO(); real_save(obj, buf)
+                f.write(buf.getvalue()[: len(buf.getvalue()) // 2]); f.flush(); os.fsync(f.fileno())
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real_save(obj, f, *a, **k)
+        torch.save = dying_save
+        cli.main(["train", *{args!r}])
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], check=False, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert [s for s, _ in checkpoint.list_checkpoints(str(ck))] == [3]
+    assert any(name.startswith(".ckpt-00000006.pt.tmp.") for name in os.listdir(ck))
+    _, state = checkpoint.load_latest(str(ck))
+    assert state["step"] == 3
+    assert _train(tmp_path, *RESUME, "--steps", "6", "--ckpt", str(ck), "--resume", out="killed") == 0
+    assert sorted(os.listdir(ck)) == ["ckpt-00000003.pt", "ckpt-00000006.pt"]  # the partial file is gone
+    assert _train(tmp_path, *RESUME, "--steps", "6", "--ckpt", str(tmp_path / "whole")) == 0
+    _assert_same_state(_final(ck), _final(tmp_path / "whole"))
+
+
+def test_damaged_newest_checkpoint_falls_back(tmp_path):
+    d = str(tmp_path)
+    for step in (1, 2):
+        checkpoint.save(d, step, {"step": step, "w": torch.randn(100)}, keep=0)
+    newest = checkpoint.path_for(d, 2)
+    with open(newest, "r+b") as f:
+        f.truncate(os.path.getsize(newest) // 2)
+    with pytest.warns(UserWarning, match="skipping unreadable checkpoint"):
+        path, state = checkpoint.load_latest(d)
+    assert state["step"] == 1 and path == checkpoint.path_for(d, 1)
+
+
+def test_resume_needs_a_checkpoint_directory(tmp_path, capsys):
+    assert _train(tmp_path, "--task", "copy", "--steps", "2", "--resume") == 2
+    assert "--resume needs --ckpt DIR" in capsys.readouterr().err
+
+
+# --- DDP ------------------------------------------------------------------------------------
+
+DDP = ["--task", "charlm", "--seq-len", "12", "--steps", "4", "--ckpt-every", "2", "--no-plot"]
+
+
+def _torchrun(tmp_path, nproc: int, *args: str) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "lltm", "train", *SMALL, *DDP, *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_ddp_two_ranks_match_one(tmp_path):
+    """torchrun, 2 gloo ranks with 4 rows each == 1 rank with the same 8-row global batch (fp32 round-off);
+    and 2 ranks for 2 steps, resumed by 1 rank to step 4, == the same."""
+    _torchrun(tmp_path, 2, "--ckpt", str(tmp_path / "two"), "--out", str(tmp_path / "o2"))
+    assert _train(tmp_path, *DDP, "--ckpt", str(tmp_path / "one"), out="o1") == 0
+    one, two = _final(tmp_path / "one"), _final(tmp_path / "two")
+    assert two["world"] == 2 and len(two["rng"]) == 2
+    for k, v in one["model"].items():
+        torch.testing.assert_close(two["model"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+    # Only rank 0 wrote: one config row, each step's row once.
+    rows = _rows(tmp_path / "o2" / "lltm.jsonl")
+    assert [r["kind"] for r in rows].count("config") == 1 and rows[0]["world"] == 2
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [2, 4]
+
+    _torchrun(tmp_path, 2, "--steps", "2", "--ckpt", str(tmp_path / "mixed"), "--out", str(tmp_path / "o3"))
+    assert _train(tmp_path, *DDP, "--ckpt", str(tmp_path / "mixed"), "--resume", out="o3") == 0
+    mixed = _final(tmp_path / "mixed")
+    assert mixed["step"] == 4 and mixed["world"] == 1
+    for k, v in one["model"].items():
+        torch.testing.assert_close(mixed["model"][k], v, rtol=1e-5, atol=1e-6, msg=k)
