@@ -3,6 +3,7 @@
 // supports, or the one ATEN_CPU_CAPABILITY asks for), falling back to a
 // narrower build where a wider one is absent.
 #include <ATen/Version.h>
+#include <torch/library.h>
 
 #include <string>
 
@@ -64,3 +65,9 @@ const char* pointwise_capability() {
 
 }  // namespace cpu
 }  // namespace lltm
+
+// Which build of the passes runs in this process: "avx512", "avx2" or
+// "default" (tests check that ATEN_CPU_CAPABILITY reaches every build).
+TORCH_LIBRARY_FRAGMENT(lltm, m) {
+  m.def("_fused_cpu_capability() -> str", [] { return std::string(lltm::cpu::pointwise_capability()); });
+}
