@@ -8,14 +8,15 @@ import torch
 
 from lltm import _extension
 
-NAMES = ("python", "aten", "fused")
+NAMES = ("python", "aten", "fused")  # the compiled ones must match lltm/csrc/backends.h
+FAMILIES = ("cell", "seq")  # operator families: one step, a whole layer
 # The names of the tutorial (extension-cpp): what each is called here.
 TUTORIAL_NAMES = {"py": "python", "cpp": "aten", "cuda": "fused"}
 # "auto" takes the first available in this order: fastest first.
 AUTO_ORDER = ("fused", "aten", "python")
 
-# (backend, device type) -> available; filled lazily, read on every call.
-_cache: dict[tuple[str, str], bool] = {}
+# (backend, device type, family) -> available; filled lazily, read on every call.
+_cache: dict[tuple[str, str, str], bool] = {}
 
 
 def _has_kernel(op: str, key: str) -> bool:
@@ -29,24 +30,27 @@ def _device_usable(device_type: str) -> bool:
     return True
 
 
-def _compute(name: str, device_type: str) -> bool:
+def _compute(name: str, device_type: str, family: str) -> bool:
     if not _device_usable(device_type):
         return False
     if name == "python":
         return True
     if _extension.try_load() is None:
         return False
+    op = f"{name}_{family}_forward"
     if name == "aten":  # ATen ops: every device torch itself supports
-        return _has_kernel("aten_cell_forward", "CompositeExplicitAutograd")
+        return _has_kernel(op, "CompositeExplicitAutograd")
     # fused: a kernel compiled for this device's dispatch key
     key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
-    return key is not None and _has_kernel("fused_cell_forward", key)
+    return key is not None and _has_kernel(op, key)
 
 
-def is_available(name: str, device_type: str) -> bool:
-    key = (name, device_type)
+def is_available(name: str, device_type: str, family: str = "cell") -> bool:
+    """Whether backend `name` has the `family` operators ("cell" or "seq")
+    for `device_type`."""
+    key = (name, device_type, family)
     if key not in _cache:
-        _cache[key] = _compute(name, device_type)
+        _cache[key] = _compute(name, device_type, family)
     return _cache[key]
 
 
@@ -79,6 +83,14 @@ def unknown_backend(backend: str, device_type: Optional[str] = None) -> str:
     if backend in TUTORIAL_NAMES:
         msg += f". The tutorial's {backend!r} backend is lltm's {TUTORIAL_NAMES[backend]!r}"
     return msg
+
+
+# Runs eagerly even under torch.compile: the choice is a constant of the graph.
+@torch.compiler.assume_constant_result
+def has_seq_ops(name: str, device_type: str) -> bool:
+    """Whether a resolved backend runs a whole layer as one operator (else
+    the layer loops over its cell operator)."""
+    return name != "python" and is_available(name, device_type, "seq")
 
 
 # Runs eagerly even under torch.compile: the choice is a constant of the graph.

@@ -84,18 +84,50 @@ def _dtype(dtype: torch.dtype) -> str:
     }.get(dtype, str(dtype).replace("torch.", ""))
 
 
-def _input_width(op: str, input: Tensor, weights: Tensor) -> None:
-    """Weights (3S, S + I) fix the input width I: a wrong one names the input
-    and the feature count the weights expect (the weights are blamed only
-    when no input width could fit them)."""
-    state = weights.shape[0] // 3
-    expected = weights.shape[1] - state
-    if expected >= 0 and input.shape[1] != expected:
+def _weights(op: str, weights: Tensor, input: Tensor, input_name: str = "input") -> int:
+    """Checks weights (3S, S + I) against an input whose last dimension is I;
+    returns S. A width mismatch is reported against the input, naming the
+    feature count the weights expect."""
+    _rank(op, weights, "weights", 2, _WEIGHTS)
+    if weights.shape[0] % 3 != 0:
         raise ValueError(
-            f"{op}: expected input of shape {_INPUT} = [{input.shape[0]}, {expected}] "
-            f"(weights {_shape(weights)} are for state_size {state} and {expected} input features), "
-            f"but got {_shape(input)}"
+            f"{op}: expected weights.size(0) to be 3 * state_size, but got "
+            f"{weights.shape[0]} (not a multiple of 3)"
         )
+    state = weights.shape[0] // 3
+    if weights.shape[1] < state:
+        raise ValueError(
+            f"{op}: expected weights of shape {_WEIGHTS} with state_size = {state}, but got {_shape(weights)}"
+        )
+    if weights.shape[1] != state + input.shape[-1]:
+        raise ValueError(
+            f"{op}: expected {input_name} with {weights.shape[1] - state} input features "
+            f"(weights.size(1) - state_size = {weights.shape[1]} - {state}), "
+            f"but got {input_name} of shape {_shape(input)}"
+        )
+    _like(op, weights, "weights", input)
+    return state
+
+
+def _dtype_of_input(op: str, input: Tensor) -> None:
+    if input.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"{op}: expected input of a floating dtype (float32, float64, float16 "
+            f"or bfloat16), but got {_dtype(input.dtype)}"
+        )
+
+
+def _bias(op: str, bias: Optional[Tensor], state: int, input: Tensor) -> None:
+    if bias is not None:
+        _rank(op, bias, "bias", 1, "(3 * state_size,)")
+        _sizes(op, bias, "bias", (3 * state,), "(3 * state_size,)")
+        _like(op, bias, "bias", input)
+
+
+def _state(op: str, t: Tensor, name: str, batch: int, state: int, input: Tensor) -> None:
+    _rank(op, t, name, 2, _STATE)
+    _sizes(op, t, name, (batch, state), _STATE)
+    _like(op, t, name, input)
 
 
 def check_cell_args(
@@ -108,31 +140,44 @@ def check_cell_args(
 ) -> tuple[int, int, int]:
     """Validates a cell's arguments; returns (batch, input_features, state_size)."""
     _rank(op, input, "input", 2, _INPUT)
-    if input.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"{op}: expected input of a floating dtype (float32, float64, float16 "
-            f"or bfloat16), but got {_dtype(input.dtype)}"
-        )
-    _rank(op, weights, "weights", 2, _WEIGHTS)
-    if weights.shape[0] % 3 != 0:
-        raise ValueError(
-            f"{op}: expected weights.size(0) to be 3 * state_size, but got "
-            f"{weights.shape[0]} (not a multiple of 3)"
-        )
+    _dtype_of_input(op, input)
+    state = _weights(op, weights, input)
     batch, features = input.shape
-    state = weights.shape[0] // 3
-    _input_width(op, input, weights)
-    _sizes(op, weights, "weights", (3 * state, state + features), _WEIGHTS)
-    _like(op, weights, "weights", input)
-    if bias is not None:
-        _rank(op, bias, "bias", 1, "(3 * state_size,)")
-        _sizes(op, bias, "bias", (3 * state,), "(3 * state_size,)")
-        _like(op, bias, "bias", input)
-    for t, name in ((old_h, "old_h"), (old_cell, "old_cell")):
-        _rank(op, t, name, 2, _STATE)
-        _sizes(op, t, name, (batch, state), _STATE)
-        _like(op, t, name, input)
+    _bias(op, bias, state, input)
+    _state(op, old_h, "old_h", batch, state, input)
+    _state(op, old_cell, "old_cell", batch, state, input)
     return batch, features, state
+
+
+def check_seq_args(
+    op: str,
+    input: Tensor,
+    weights: Tensor,
+    bias: Optional[Tensor],
+    h0: Tensor,
+    c0: Tensor,
+    lengths: Optional[Tensor] = None,
+) -> tuple[int, int, int, int]:
+    """Validates a layer's arguments (time-major input (T, B, I));
+    returns (seq_len, batch, input_features, state_size)."""
+    _rank(op, input, "input", 3, "(seq_len, batch, input_features)")
+    _dtype_of_input(op, input)
+    state = _weights(op, weights, input)
+    steps, batch, features = input.shape
+    _bias(op, bias, state, input)
+    _state(op, h0, "h0", batch, state, input)
+    _state(op, c0, "c0", batch, state, input)
+    if lengths is not None:
+        _rank(op, lengths, "lengths", 1, "(batch,)")
+        _sizes(op, lengths, "lengths", (batch,), "(batch,)")
+        if lengths.dtype != torch.int64:
+            raise TypeError(f"{op}: expected lengths of dtype Long (int64), but got {_dtype(lengths.dtype)}")
+        if lengths.device != input.device:
+            raise RuntimeError(
+                f"{op}: expected lengths on device {input.device} like input, "
+                f"but got {lengths.device} (move all arguments to one device)"
+            )
+    return steps, batch, features, state
 
 
 def bias_vector(op: str, bias: Optional[Tensor]) -> Optional[Tensor]:

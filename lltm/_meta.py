@@ -1,22 +1,21 @@
 """Fake (meta) kernels of the lltm operators, for torch.compile and export.
 
 Every backend returns the same shapes and (contiguous) strides on every
-device, so one fake kernel per schema serves all of them.
+device, so one fake kernel per operator family serves all backends; the
+backends are those the extension declares (lltm::_compiled_backends).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
-from lltm._checks import check_cell_args
-
-BACKENDS_WITH_OPS = ("aten", "fused")
+from lltm._checks import check_cell_args, check_seq_args
 
 
-def _forward_fake(op: str):
+def _cell_forward_fake(op: str) -> Callable:
     def fake(
         input: Tensor, weights: Tensor, bias: Optional[Tensor], old_h: Tensor, old_cell: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
@@ -29,23 +28,79 @@ def _forward_fake(op: str):
     return fake
 
 
-def _backward_fake(
-    grad_h: Tensor,
-    grad_cell: Tensor,
-    new_cell: Tensor,
-    gates: Tensor,
-    input: Tensor,
-    weights: Tensor,
-    old_h: Tensor,
-    output_mask: list[bool],
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    shapes = (input.shape, weights.shape, (weights.shape[0],), old_h.shape, new_cell.shape)
+def _placeholders(like: Tensor, shapes, output_mask) -> tuple[Tensor, ...]:
     # An output not asked for is an empty (0,) placeholder.
-    return tuple(input.new_empty(shape if asked else (0,)) for shape, asked in zip(shapes, output_mask))
+    return tuple(like.new_empty(shape if asked else (0,)) for shape, asked in zip(shapes, output_mask))
 
 
-for _backend in BACKENDS_WITH_OPS:
-    torch.library.register_fake(f"lltm::{_backend}_cell_forward")(
-        _forward_fake(f"lltm::{_backend}_cell_forward")
-    )
-    torch.library.register_fake(f"lltm::{_backend}_cell_backward")(_backward_fake)
+def _cell_backward_fake(op: str) -> Callable:
+    def fake(
+        grad_h: Tensor,
+        grad_cell: Tensor,
+        new_cell: Tensor,
+        gates: Tensor,
+        input: Tensor,
+        weights: Tensor,
+        old_h: Tensor,
+        output_mask: list[bool],
+    ) -> tuple[Tensor, ...]:
+        shapes = (input.shape, weights.shape, (weights.shape[0],), old_h.shape, new_cell.shape)
+        return _placeholders(input, shapes, output_mask)
+
+    return fake
+
+
+def _seq_forward_fake(op: str) -> Callable:
+    def fake(
+        input: Tensor,
+        weights: Tensor,
+        bias: Optional[Tensor],
+        h0: Tensor,
+        c0: Tensor,
+        lengths: Optional[Tensor],
+    ) -> tuple[Tensor, ...]:
+        steps, batch, _, state = check_seq_args(op, input, weights, bias, h0, c0, lengths)
+        output = input.new_empty((steps, batch, state))
+        h_n = input.new_empty((batch, state))
+        c_n = input.new_empty((batch, state))
+        cells = input.new_empty((steps, batch, state))
+        gates = input.new_empty((steps, batch, 3 * state))
+        return output, h_n, c_n, cells, gates
+
+    return fake
+
+
+def _seq_backward_fake(op: str) -> Callable:
+    def fake(
+        grad_output: Optional[Tensor],
+        grad_h_n: Optional[Tensor],
+        grad_c_n: Optional[Tensor],
+        input: Tensor,
+        weights: Tensor,
+        h0: Tensor,
+        output: Tensor,
+        cells: Tensor,
+        gates: Tensor,
+        lengths: Optional[Tensor],
+        output_mask: list[bool],
+    ) -> tuple[Tensor, ...]:
+        shapes = (input.shape, weights.shape, (weights.shape[0],), h0.shape, h0.shape)
+        return _placeholders(input, shapes, output_mask)
+
+    return fake
+
+
+# operator family ("<backend>_" + key) -> fake kernel factory (takes the op name)
+FAKES = {
+    "cell_forward": _cell_forward_fake,
+    "cell_backward": _cell_backward_fake,
+    "seq_forward": _seq_forward_fake,
+    "seq_backward": _seq_backward_fake,
+}
+
+COMPILED_BACKENDS: tuple[str, ...] = tuple(torch.ops.lltm._compiled_backends())
+
+for _backend in COMPILED_BACKENDS:
+    for _family, _factory in FAKES.items():
+        _op = f"lltm::{_backend}_{_family}"
+        torch.library.register_fake(_op)(_factory(_op))

@@ -2,8 +2,10 @@
 
 `backend` picks the implementation (see lltm.backends()): "python" is the
 pure-PyTorch reference, "aten" and "fused" call the custom operators
-torch.ops.lltm.<backend>_cell_forward, whose autograd formula is the
-matching <backend>_cell_backward operator.
+torch.ops.lltm.<backend>_cell_forward (one step) and
+torch.ops.lltm.<backend>_seq_forward (a whole layer: the time loop runs
+inside the operator, one autograd node whatever T), whose autograd formulas
+are the matching <backend>_*_backward operators.
 """
 
 from __future__ import annotations
@@ -14,20 +16,23 @@ import torch
 from torch import Tensor
 
 from lltm import _backends, _extension
-from lltm._checks import bias_vector, check_cell_args, check_tensors
-from lltm.reference import lltm_cell_reference
+from lltm._checks import bias_vector, check_cell_args, check_seq_args, check_tensors
+from lltm.reference import lltm_cell_reference, lltm_reference
 
 __all__ = ["lltm_cell", "lltm"]
 
 
-_FORWARD_OPS: dict = {}  # backend name -> OpOverload, looked up once
+_FORWARD_OPS: dict = {}  # (backend name, family) -> OpOverload, looked up once
 
 
-def _forward_op(name: str):
-    op = _FORWARD_OPS.get(name)
+def _forward_op(name: str, family: str = "cell"):
+    if torch.compiler.is_compiling():
+        # No cache writes while tracing: dynamo would guard on the dict.
+        return getattr(torch.ops.lltm, f"{name}_{family}_forward").default
+    op = _FORWARD_OPS.get((name, family))
     if op is None:
         _extension.load()
-        op = _FORWARD_OPS[name] = getattr(torch.ops.lltm, f"{name}_cell_forward").default
+        op = _FORWARD_OPS[(name, family)] = getattr(torch.ops.lltm, f"{name}_{family}_forward").default
     return op
 
 
@@ -64,26 +69,40 @@ def lltm(
     h0: Tensor,
     c0: Tensor,
     *,
+    lengths: Optional[Tensor] = None,
     backend: str = "auto",
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """One LLTM layer over a sequence, time-major.
 
     input: (T, B, I); weights: (3S, S + I); bias: (3S,), (1, 3S) or None;
-    h0, c0: (B, S). Returns (output (T, B, S), (h_n (B, S), c_n (B, S))).
+    h0, c0: (B, S); lengths: (B,) integer tensor or None: row b takes only
+    its first lengths[b] steps (its output is 0 after them and h_n, c_n are
+    its state after its last step), as in a PackedSequence.
+    Returns (output (T, B, S), (h_n (B, S), c_n (B, S))).
+
+    The compiled backends run the whole layer as one operator (one autograd
+    node, any T); "python" loops over the reference step.
     """
-    check_tensors("lltm.functional.lltm", input=input, weights=weights, bias=bias, h0=h0, c0=c0)
-    bias = bias_vector("lltm.functional.lltm", bias)
+    op_name = "lltm.functional.lltm"
+    check_tensors(op_name, input=input, weights=weights, bias=bias, h0=h0, c0=c0)
+    bias = bias_vector(op_name, bias)
     if not isinstance(input, Tensor) or input.dim() != 3:
         shape = list(input.shape) if isinstance(input, Tensor) else type(input).__name__
         raise ValueError(
-            f"lltm.functional.lltm: expected input to be a 3-D tensor (seq_len, batch, input_features), but got {shape}"
+            f"{op_name}: expected input to be a 3-D tensor (seq_len, batch, input_features), but got {shape}"
         )
-    h, c = h0, c0
-    outputs = []
-    for x in input.unbind(0):
-        h, c = lltm_cell(x, weights, bias, h, c, backend=backend)
-        outputs.append(h)
-    if not outputs:  # T == 0: state passes through, after the same checks
-        check_cell_args("lltm.functional.lltm", input.new_empty(input.shape[1:]), weights, bias, h0, c0)
-        return input.new_empty((0, h0.shape[0], h0.shape[1])), (h0, c0)
-    return torch.stack(outputs), (h, c)
+    if lengths is not None:
+        if not isinstance(lengths, Tensor) or lengths.is_floating_point() or lengths.is_complex():
+            raise TypeError(f"{op_name}: expected lengths to be an integer tensor of shape (batch,)")
+        lengths = lengths.to(device=input.device, dtype=torch.int64)
+    name = _backends.resolve(backend, input.device.type)
+    if _backends.has_seq_ops(name, input.device.type):
+        output, h_n, c_n, _, _ = _forward_op(name, "seq")(input, weights, bias, h0, c0, lengths)
+        return output, (h_n, c_n)
+    check_seq_args(op_name, input, weights, bias, h0, c0, lengths)
+    if name == "python":
+        return lltm_reference(input, weights, bias, h0, c0, lengths)
+    # A backend without sequence operators on this device: its cell, step by step.
+    return lltm_reference(
+        input, weights, bias, h0, c0, lengths, cell=lambda *a: lltm_cell(*a, backend=name)
+    )

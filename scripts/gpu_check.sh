@@ -5,6 +5,8 @@
 #
 #   build     pip install --no-build-isolation -e . for sm_90 (TORCH_CUDA_ARCH_LIST)
 #   test      pytest tests/test_cuda.py (the fused CUDA backend)
+#   seq       pytest of the sequence operators and the layer on CUDA
+#             (tests/test_seq.py, tests/test_layer.py, -k cuda)
 #   testall   pytest on every other test, the GPU-parametrised ones included
 #   sanitize  compute-sanitizer memcheck over a subset of tests/test_cuda.py,
 #             with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that out-of-bounds
@@ -13,6 +15,7 @@
 #   sweep     python -m lltm.bench.cuda_path_sweep: small vs cuBLAS path, GEMM floor
 #   check     lltm info; lltm check --device cuda
 #   bench     lltm bench --device cuda at the issue's sizes, float32 and bfloat16
+#   benchseq  lltm bench --seq T --device cuda at the layer targets' sizes
 #   memory    python -m lltm.bench.conv_bn_memory --device cuda (fused Conv2d+BatchNorm2d)
 #
 # Logs go to $OUT (default ./gpu_check_out): summary.txt, printed last, and
@@ -36,7 +39,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY=$OUT/summary.txt
 SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test testall sanitize check profile sweep bench memory)
+[ ${#stages[@]} -eq 0 ] && stages=(build test seq testall sanitize check benchseq profile sweep bench memory)
 status=0
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -80,6 +83,11 @@ for stage in "${stages[@]}"; do
       run_stage test "${TEST_LIMIT:-420}" "$PYTHON" -m pytest tests/test_cuda.py -q -rfEs -p no:cacheprovider ${PYTEST_ARGS:-}
       tail -n 1 "$OUT/test.log" | sed 's/^/          /' | tee -a "$SUMMARY"
       ;;
+    seq)
+      run_stage seq "${TEST_LIMIT:-420}" "$PYTHON" -m pytest tests/test_seq.py tests/test_layer.py -q -rfEs \
+        -p no:cacheprovider -k cuda ${PYTEST_ARGS:-}
+      tail -n 1 "$OUT/seq.log" | sed 's/^/          /' | tee -a "$SUMMARY"
+      ;;
     testall)
       # every other test, the GPU-parametrised ones included; xdist keeps a
       # crashing test from taking the rest down with it
@@ -94,6 +102,15 @@ for stage in "${stages[@]}"; do
         "$SANITIZER" --tool memcheck --error-exitcode 3 --print-limit 20 \
         "$PYTHON" -m pytest tests/test_cuda.py -q -p no:cacheprovider -k "$k"
       grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -n 3 | sed 's/^/          /' | tee -a "$SUMMARY"
+      # the sequence kernels: memcheck and racecheck
+      kseq=${SANITIZE_SEQ_K:-"cuda and (test_matches_reference or test_variable_lengths or test_outputs_fully_written)"}
+      for tool in memcheck racecheck; do
+        run_stage sanitize "${SANITIZE_LIMIT:-420}" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+          "$SANITIZER" --tool "$tool" --error-exitcode 3 --print-limit 20 \
+          "$PYTHON" -m pytest tests/test_seq.py -q -p no:cacheprovider -k "$kseq"
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -n 2 \
+          | sed "s/^/          $tool: /" | tee -a "$SUMMARY"
+      done
       ;;
     profile)
       run_stage profile 240 "$PYTHON" -m lltm.bench.cuda_profile
@@ -131,6 +148,18 @@ with open(os.path.join(out, "bench.json"), "w") as f:
     json.dump(tables, f, indent=1)
 EOF
       grep -E "^LLTM (cell|sequence)|^ *(python|aten|fused|compile|compile-ro|lstm|lstm-notf32|gemm) \||^time / |^skipped" "$OUT/bench.log" >>"$SUMMARY"
+      ;;
+    benchseq)
+      # the layer targets: T x BxIxS, float32 and bfloat16
+      for dtype in ${BENCH_DTYPES:-float32 bfloat16}; do
+        for case in ${BENCH_SEQ_CASES:-100x16x32x128 1000x16x32x128 100x64x256x256 100x64x1024x1024}; do
+          IFS=x read -r T B I S <<<"$case"
+          run_stage benchseq 300 "$PYTHON" -m lltm bench --device "${BENCH_DEVICE:-cuda}" --dtype "$dtype" \
+            --seq "$T" -b "$B" -f "$I" -s "$S" -r 20 --rounds 3 --no-progress ${BENCH_ARGS:-}
+        done
+      done
+      grep -E "^LLTM (cell|sequence)|^ *(python|aten|fused|compile|compile-ro|lstm|lstm-notf32) \||^time / |^skipped|saved|peak" \
+        "$OUT/benchseq.log" >>"$SUMMARY"
       ;;
     memory)
       run_stage memory 300 "$PYTHON" -m lltm.bench.conv_bn_memory --device cuda --markdown

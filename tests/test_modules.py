@@ -135,7 +135,8 @@ def test_lltm_dropout_between_layers_only_in_training():
     no_drop.load_state_dict(model.state_dict())
     torch.testing.assert_close(c, no_drop(x)[0])
     # one layer: nothing between layers, so dropout changes nothing
-    single = lltm.LLTM(4, 5, num_layers=1, dropout=0.5, backend="python", dtype=torch.float64).train()
+    with pytest.warns(UserWarning, match="expects num_layers greater than 1"):
+        single = lltm.LLTM(4, 5, num_layers=1, dropout=0.5, backend="python", dtype=torch.float64).train()
     assert torch.equal(single(x)[0], single(x)[0])
 
 

@@ -44,18 +44,64 @@ void check_like(const char* op, const at::Tensor& t, const char* name,
               t.device(), " (move all arguments to one device)");
 }
 
-// Weights (3S, S + I) fix the input width I: a wrong one names the input and
-// the feature count the weights expect (the weights are blamed by the shape
-// check that follows only when no input width could fit them).
-void check_input_width(const char* op, const at::Tensor& input,
-                       const at::Tensor& weights) {
+void check_dtype(const char* op, const at::Tensor& input) {
+  TORCH_CHECK_TYPE(is_supported_dtype(input.scalar_type()), op,
+                   ": expected input of a floating dtype (float32, float64, "
+                   "float16 or bfloat16), but got ",
+                   input.scalar_type());
+}
+
+// weights (3S, S + I) against an input whose last dimension is I. A width
+// mismatch is reported against the input (its feature count is the one
+// that is usually wrong), naming the count the weights expect.
+void check_weights(const char* op, const at::Tensor& weights,
+                   const at::Tensor& input, const char* input_name) {
+  check_rank(op, weights, "weights", 2,
+             "(3 * state_size, state_size + input_features)");
+  TORCH_CHECK_VALUE(weights.size(0) % 3 == 0, op,
+                    ": expected weights.size(0) to be 3 * state_size, but got ",
+                    weights.size(0), " (not a multiple of 3)");
   const int64_t state = weights.size(0) / 3;
-  const int64_t expected = weights.size(1) - state;
-  TORCH_CHECK_VALUE(expected < 0 || input.size(1) == expected, op,
-                    ": expected input of shape (batch, input_features) = [",
-                    input.size(0), ", ", expected, "] (weights ", weights.sizes(),
-                    " are for state_size ", state, " and ", expected,
-                    " input features), but got ", input.sizes());
+  const int64_t features = input.size(-1);
+  TORCH_CHECK_VALUE(weights.size(1) >= state, op, ": expected weights of shape ",
+                    "(3 * state_size, state_size + input_features) with ",
+                    "state_size = ", state, ", but got ", weights.sizes());
+  TORCH_CHECK_VALUE(
+      weights.size(1) == state + features, op, ": expected ", input_name,
+      " with ", weights.size(1) - state,
+      " input features (weights.size(1) - state_size = ", weights.size(1),
+      " - ", state, "), but got ", input_name, " of shape ", input.sizes());
+  check_like(op, weights, "weights", input, input_name);
+}
+
+void check_bias(const char* op, const std::optional<at::Tensor>& bias,
+                int64_t state, const at::Tensor& input) {
+  if (bias.has_value() && bias->defined()) {
+    check_rank(op, *bias, "bias", 1, "(3 * state_size,)");
+    check_shape(op, *bias, "bias", {3 * state}, "(3 * state_size,)");
+    check_like(op, *bias, "bias", input, "input");
+  }
+}
+
+void check_state(const char* op, const at::Tensor& t, const char* name,
+                 int64_t batch, int64_t state, const at::Tensor& input) {
+  check_rank(op, t, name, 2, "(batch, state_size)");
+  check_shape(op, t, name, {batch, state}, "(batch, state_size)");
+  check_like(op, t, name, input, "input");
+}
+
+void check_lengths(const char* op, const std::optional<at::Tensor>& lengths,
+                   int64_t batch, const at::Tensor& input) {
+  if (!lengths.has_value() || !lengths->defined()) return;
+  check_rank(op, *lengths, "lengths", 1, "(batch,)");
+  check_shape(op, *lengths, "lengths", {batch}, "(batch,)");
+  TORCH_CHECK_TYPE(lengths->scalar_type() == at::kLong, op,
+                   ": expected lengths of dtype Long (int64), but got ",
+                   lengths->scalar_type());
+  TORCH_CHECK(lengths->device() == input.device(), op,
+              ": expected lengths on device ", input.device(),
+              " like input, but got ", lengths->device(),
+              " (move all arguments to one device)");
 }
 
 }  // namespace
@@ -66,33 +112,13 @@ void check_cell_forward_args(const char* op, const at::Tensor& input,
                              const at::Tensor& old_h,
                              const at::Tensor& old_cell) {
   check_rank(op, input, "input", 2, "(batch, input_features)");
-  TORCH_CHECK_TYPE(is_supported_dtype(input.scalar_type()), op,
-              ": expected input of a floating dtype (float32, float64, "
-              "float16 or bfloat16), but got ",
-              input.scalar_type());
-  check_rank(op, weights, "weights", 2,
-             "(3 * state_size, state_size + input_features)");
-  TORCH_CHECK_VALUE(weights.size(0) % 3 == 0, op,
-              ": expected weights.size(0) to be 3 * state_size, but got ",
-              weights.size(0), " (not a multiple of 3)");
+  check_dtype(op, input);
+  check_weights(op, weights, input, "input");
   const int64_t batch = input.size(0);
-  const int64_t features = input.size(1);
   const int64_t state = weights.size(0) / 3;
-  check_input_width(op, input, weights);
-  check_shape(op, weights, "weights", {3 * state, state + features},
-              "(3 * state_size, state_size + input_features)");
-  check_like(op, weights, "weights", input, "input");
-  if (bias.has_value() && bias->defined()) {
-    check_rank(op, *bias, "bias", 1, "(3 * state_size,)");
-    check_shape(op, *bias, "bias", {3 * state}, "(3 * state_size,)");
-    check_like(op, *bias, "bias", input, "input");
-  }
-  check_rank(op, old_h, "old_h", 2, "(batch, state_size)");
-  check_shape(op, old_h, "old_h", {batch, state}, "(batch, state_size)");
-  check_like(op, old_h, "old_h", input, "input");
-  check_rank(op, old_cell, "old_cell", 2, "(batch, state_size)");
-  check_shape(op, old_cell, "old_cell", {batch, state}, "(batch, state_size)");
-  check_like(op, old_cell, "old_cell", input, "input");
+  check_bias(op, bias, state, input);
+  check_state(op, old_h, "old_h", batch, state, input);
+  check_state(op, old_cell, "old_cell", batch, state, input);
 }
 
 void check_cell_backward_args(const char* op, const at::Tensor& grad_h,
@@ -102,31 +128,79 @@ void check_cell_backward_args(const char* op, const at::Tensor& grad_h,
                               const at::Tensor& weights,
                               const at::Tensor& old_h) {
   check_rank(op, input, "input", 2, "(batch, input_features)");
-  TORCH_CHECK_TYPE(is_supported_dtype(input.scalar_type()), op,
-              ": expected input of a floating dtype (float32, float64, "
-              "float16 or bfloat16), but got ",
-              input.scalar_type());
-  check_rank(op, weights, "weights", 2,
-             "(3 * state_size, state_size + input_features)");
+  check_dtype(op, input);
+  check_weights(op, weights, input, "input");
   const int64_t batch = input.size(0);
-  const int64_t features = input.size(1);
   const int64_t state = weights.size(0) / 3;
-  check_input_width(op, input, weights);
-  check_shape(op, weights, "weights", {3 * state, state + features},
-              "(3 * state_size, state_size + input_features)");
-  check_like(op, weights, "weights", input, "input");
   const std::pair<const at::Tensor*, const char*> state_args[] = {
       {&grad_h, "grad_h"}, {&grad_cell, "grad_cell"},
       {&new_cell, "new_cell"}, {&old_h, "old_h"}};
   for (const auto& [t, name] : state_args) {
-    check_rank(op, *t, name, 2, "(batch, state_size)");
-    check_shape(op, *t, name, {batch, state}, "(batch, state_size)");
-    check_like(op, *t, name, input, "input");
+    check_state(op, *t, name, batch, state, input);
   }
   check_rank(op, gates, "gates", 2, "(batch, 3 * state_size)");
   check_shape(op, gates, "gates", {batch, 3 * state},
               "(batch, 3 * state_size)");
   check_like(op, gates, "gates", input, "input");
+}
+
+void check_seq_forward_args(const char* op, const at::Tensor& input,
+                            const at::Tensor& weights,
+                            const std::optional<at::Tensor>& bias,
+                            const at::Tensor& h0, const at::Tensor& c0,
+                            const std::optional<at::Tensor>& lengths) {
+  check_rank(op, input, "input", 3, "(seq_len, batch, input_features)");
+  check_dtype(op, input);
+  check_weights(op, weights, input, "input");
+  const int64_t batch = input.size(1);
+  const int64_t state = weights.size(0) / 3;
+  check_bias(op, bias, state, input);
+  check_state(op, h0, "h0", batch, state, input);
+  check_state(op, c0, "c0", batch, state, input);
+  check_lengths(op, lengths, batch, input);
+}
+
+void check_seq_backward_args(const char* op,
+                             const std::optional<at::Tensor>& grad_output,
+                             const std::optional<at::Tensor>& grad_h_n,
+                             const std::optional<at::Tensor>& grad_c_n,
+                             const at::Tensor& input, const at::Tensor& weights,
+                             const at::Tensor& h0, const at::Tensor& output,
+                             const at::Tensor& cells, const at::Tensor& gates,
+                             const std::optional<at::Tensor>& lengths) {
+  check_rank(op, input, "input", 3, "(seq_len, batch, input_features)");
+  check_dtype(op, input);
+  check_weights(op, weights, input, "input");
+  const int64_t steps = input.size(0);
+  const int64_t batch = input.size(1);
+  const int64_t state = weights.size(0) / 3;
+  check_state(op, h0, "h0", batch, state, input);
+  for (const auto& [t, name] :
+       {std::pair<const std::optional<at::Tensor>*, const char*>{&grad_h_n,
+                                                                 "grad_h_n"},
+        {&grad_c_n, "grad_c_n"}}) {
+    if (t->has_value() && (*t)->defined()) {
+      check_state(op, **t, name, batch, state, input);
+    }
+  }
+  const char* layout = "(seq_len, batch, state_size)";
+  for (const auto& [t, name] :
+       {std::pair<const at::Tensor*, const char*>{&output, "output"},
+        {&cells, "cells"}}) {
+    check_rank(op, *t, name, 3, layout);
+    check_shape(op, *t, name, {steps, batch, state}, layout);
+    check_like(op, *t, name, input, "input");
+  }
+  if (grad_output.has_value() && grad_output->defined()) {
+    check_rank(op, *grad_output, "grad_output", 3, layout);
+    check_shape(op, *grad_output, "grad_output", {steps, batch, state}, layout);
+    check_like(op, *grad_output, "grad_output", input, "input");
+  }
+  check_rank(op, gates, "gates", 3, "(seq_len, batch, 3 * state_size)");
+  check_shape(op, gates, "gates", {steps, batch, 3 * state},
+              "(seq_len, batch, 3 * state_size)");
+  check_like(op, gates, "gates", input, "input");
+  check_lengths(op, lengths, batch, input);
 }
 
 }  // namespace lltm

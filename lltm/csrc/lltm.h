@@ -11,6 +11,18 @@
 //            sigmoid, sigmoid and elu of the pre-activations; saved for
 //            backward instead of the pre-activations (every derivative is a
 //            function of the activation, see the backward kernels).
+//
+// Sequence operators (one layer over T steps, time-major; the time loop runs
+// inside the operator):
+//   input    (T, B, I)       h0, c0 (B, S)
+//   lengths  (B,) int64 on input's device, or none (every row has T steps);
+//            row b takes steps t < lengths[b] and keeps its state after
+//   output   (T, B, S)  h_t; 0 where t >= lengths[b]
+//   h_n, c_n (B, S)     the state after each row's last step (h0, c0 for
+//                       a row of length 0)
+//   cells    (T, B, S)  c_t (rows past their length: their last c)
+//   gates    (T, B, 3S) activated gates of every step (0 past a row's length)
+// cells and gates are what backward needs besides the inputs and output.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -31,6 +43,13 @@ using CellBackwardResult =
 // one per output (outputs of an operator must not alias each other).
 using OutputMask = std::array<bool, 5>;
 
+// (output, h_n, c_n, cells, gates)
+using SeqForwardResult =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+// (grad_input, grad_weights, grad_bias, grad_h0, grad_c0); output_mask as
+// for the cell.
+using SeqBackwardResult = CellBackwardResult;
+
 // Validates the arguments of a cell forward: ranks, matching sizes, one
 // floating dtype and one device for all tensors. Errors name the argument,
 // what was expected and what was given. `op` names the caller in messages.
@@ -48,7 +67,23 @@ void check_cell_backward_args(const char* op, const at::Tensor& grad_h,
                               const at::Tensor& weights,
                               const at::Tensor& old_h);
 
-// ATen backend (aten/lltm_aten.cpp): ATen ops only, so it runs on any device.
+// Validates the arguments of a sequence forward / backward, with the same
+// rules and messages as the cell's.
+void check_seq_forward_args(const char* op, const at::Tensor& input,
+                            const at::Tensor& weights,
+                            const std::optional<at::Tensor>& bias,
+                            const at::Tensor& h0, const at::Tensor& c0,
+                            const std::optional<at::Tensor>& lengths);
+void check_seq_backward_args(const char* op,
+                             const std::optional<at::Tensor>& grad_output,
+                             const std::optional<at::Tensor>& grad_h_n,
+                             const std::optional<at::Tensor>& grad_c_n,
+                             const at::Tensor& input, const at::Tensor& weights,
+                             const at::Tensor& h0, const at::Tensor& output,
+                             const at::Tensor& cells, const at::Tensor& gates,
+                             const std::optional<at::Tensor>& lengths);
+
+// ATen backend (aten/cell_aten.cpp, aten/seq_aten.cpp): ATen ops only, so it runs on any device.
 CellForwardResult aten_cell_forward(const at::Tensor& input,
                                     const at::Tensor& weights,
                                     const std::optional<at::Tensor>& bias,
@@ -63,7 +98,21 @@ CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
                                       const at::Tensor& old_h,
                                       OutputMask output_mask);
 
-// Fused CUDA backend (cuda/lltm_cuda.cu), compiled only with CUDA.
+SeqForwardResult aten_seq_forward(const at::Tensor& input,
+                                  const at::Tensor& weights,
+                                  const std::optional<at::Tensor>& bias,
+                                  const at::Tensor& h0, const at::Tensor& c0,
+                                  const std::optional<at::Tensor>& lengths);
+SeqBackwardResult aten_seq_backward(
+    const std::optional<at::Tensor>& grad_output,
+    const std::optional<at::Tensor>& grad_h_n,
+    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
+    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& output,
+    const at::Tensor& cells, const at::Tensor& gates,
+    const std::optional<at::Tensor>& lengths, OutputMask output_mask);
+
+// Fused CUDA backend (cuda/cell_forward.cu, cuda/cell_backward.cu), compiled
+// only with CUDA.
 CellForwardResult fused_cell_forward_cuda(const at::Tensor& input,
                                           const at::Tensor& weights,
                                           const std::optional<at::Tensor>& bias,
@@ -77,6 +126,20 @@ CellBackwardResult fused_cell_backward_cuda(const at::Tensor& grad_h,
                                             const at::Tensor& weights,
                                             const at::Tensor& old_h,
                                             OutputMask output_mask);
+// Fused CUDA sequence operators (cuda/seq_forward.cu, cuda/seq_backward.cu).
+SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,
+                                        const at::Tensor& weights,
+                                        const std::optional<at::Tensor>& bias,
+                                        const at::Tensor& h0,
+                                        const at::Tensor& c0,
+                                        const std::optional<at::Tensor>& lengths);
+SeqBackwardResult fused_seq_backward_cuda(
+    const std::optional<at::Tensor>& grad_output,
+    const std::optional<at::Tensor>& grad_h_n,
+    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
+    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& output,
+    const at::Tensor& cells, const at::Tensor& gates,
+    const std::optional<at::Tensor>& lengths, OutputMask output_mask);
 // Comma-separated list of the architectures the CUDA sources were built for,
 // as nvcc's __CUDA_ARCH_LIST__ spells them (e.g. "900" or "800,900").
 std::string cuda_arch_list();

@@ -1,9 +1,14 @@
-// The one place where the lltm operator schemas are declared. Backends add
-// kernels with TORCH_LIBRARY_IMPL in their own folders; fake (meta) kernels
-// live in lltm/_meta.py and the autograd formulas in autograd.cpp.
+// The one place where the lltm operator schemas are declared, for every
+// backend of backends.h. Backends add kernels with TORCH_LIBRARY_IMPL in
+// their own folders; fake (meta) kernels live in lltm/_meta.py and the
+// autograd formulas in autograd_cell.cpp and autograd_seq.cpp.
 #include <Python.h>
 #include <torch/library.h>
 
+#include <string>
+#include <vector>
+
+#include "backends.h"
 #include "lltm.h"
 
 #ifndef LLTM_WITH_CUDA
@@ -23,35 +28,51 @@ std::string build_info() {
 #endif
 }
 
+// Schemas of one compiled backend: the same four for every backend.
+// Every backend returns the same shapes and strides on every device, so one
+// fake kernel per schema serves all of them (lltm/_meta.py). A backward
+// output whose output_mask entry is false is not computed and comes back as
+// an empty tensor of shape (0,) (its GEMMs are skipped: inputs that need no
+// gradient).
+void define_backend(torch::Library& m, const std::string& b) {
+  m.def((b + "_cell_forward(Tensor input, Tensor weights, Tensor? bias, "
+             "Tensor old_h, Tensor old_cell) -> "
+             "(Tensor new_h, Tensor new_cell, Tensor gates)")
+            .c_str());
+  m.def((b + "_cell_backward(Tensor grad_h, Tensor grad_cell, "
+             "Tensor new_cell, Tensor gates, Tensor input, Tensor weights, "
+             "Tensor old_h, bool[5] output_mask) -> "
+             "(Tensor grad_input, Tensor grad_weights, Tensor grad_bias, "
+             "Tensor grad_old_h, Tensor grad_old_cell)")
+            .c_str());
+  // A whole layer over T steps; the output gradients are optional (a loss on
+  // the output alone leaves grad_h_n and grad_c_n undefined).
+  m.def((b + "_seq_forward(Tensor input, Tensor weights, Tensor? bias, "
+             "Tensor h0, Tensor c0, Tensor? lengths) -> "
+             "(Tensor output, Tensor h_n, Tensor c_n, Tensor cells, "
+             "Tensor gates)")
+            .c_str());
+  m.def((b + "_seq_backward(Tensor? grad_output, Tensor? grad_h_n, "
+             "Tensor? grad_c_n, Tensor input, Tensor weights, Tensor h0, "
+             "Tensor output, Tensor cells, Tensor gates, Tensor? lengths, "
+             "bool[5] output_mask) -> "
+             "(Tensor grad_input, Tensor grad_weights, Tensor grad_bias, "
+             "Tensor grad_h0, Tensor grad_c0)")
+            .c_str());
+}
+
+std::vector<std::string> compiled_backends() {
+  return {lltm::kCompiledBackends.begin(), lltm::kCompiledBackends.end()};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(lltm, m) {
-  // One schema per (backend, direction), identical across backends. Every
-  // backend returns the same shapes and strides on every device, so one fake
-  // kernel per schema serves all of them. A backward output whose
-  // output_mask entry is false is not computed and comes back as an empty
-  // tensor of shape (0,) (its GEMM is skipped: inputs that need no gradient).
-  m.def(
-      "aten_cell_forward(Tensor input, Tensor weights, Tensor? bias, "
-      "Tensor old_h, Tensor old_cell) -> "
-      "(Tensor new_h, Tensor new_cell, Tensor gates)");
-  m.def(
-      "aten_cell_backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, "
-      "Tensor gates, Tensor input, Tensor weights, Tensor old_h, "
-      "bool[5] output_mask) -> "
-      "(Tensor grad_input, Tensor grad_weights, Tensor grad_bias, "
-      "Tensor grad_old_h, Tensor grad_old_cell)");
-  m.def(
-      "fused_cell_forward(Tensor input, Tensor weights, Tensor? bias, "
-      "Tensor old_h, Tensor old_cell) -> "
-      "(Tensor new_h, Tensor new_cell, Tensor gates)");
-  m.def(
-      "fused_cell_backward(Tensor grad_h, Tensor grad_cell, Tensor new_cell, "
-      "Tensor gates, Tensor input, Tensor weights, Tensor old_h, "
-      "bool[5] output_mask) -> "
-      "(Tensor grad_input, Tensor grad_weights, Tensor grad_bias, "
-      "Tensor grad_old_h, Tensor grad_old_cell)");
+  for (const char* backend : lltm::kCompiledBackends) {
+    define_backend(m, backend);
+  }
   m.def("_build_info() -> str", &build_info);
+  m.def("_compiled_backends() -> str[]", &compiled_backends);
 }
 
 // `import lltm._C` loads this library (and so runs the registrations above)

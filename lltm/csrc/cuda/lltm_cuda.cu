@@ -1,7 +1,8 @@
 // Registration of the fused CUDA backend: the CUDA kernels of
-// lltm::fused_cell_forward / lltm::fused_cell_backward (cell_forward.cu,
-// cell_backward.cu). Schemas are in ../ops.cpp, autograd in ../autograd.cpp,
-// the autocast rule in autocast.cu.
+// lltm::fused_cell_{forward,backward} (cell_forward.cu, cell_backward.cu) and
+// lltm::fused_seq_{forward,backward} (seq_forward.cu, seq_backward.cu).
+// Schemas are in ../ops.cpp, autograd in ../autograd_*.cpp, the autocast
+// rules in autocast.cu.
 #include <torch/library.h>
 
 #include <string>
@@ -28,4 +29,6 @@ std::string cuda_arch_list() {
 TORCH_LIBRARY_IMPL(lltm, CUDA, m) {
   m.impl("fused_cell_forward", &lltm::fused_cell_forward_cuda);
   m.impl("fused_cell_backward", &lltm::fused_cell_backward_cuda);
+  m.impl("fused_seq_forward", &lltm::fused_seq_forward_cuda);
+  m.impl("fused_seq_backward", &lltm::fused_seq_backward_cuda);
 }

@@ -1,4 +1,4 @@
-// Autograd for the cell operators, in C++ so that backward runs without the
+// Autograd of the cell operators, in C++ so that backward runs without the
 // Python interpreter (the engine calls straight into the backward op).
 //
 // One torch::autograd::Function serves every backend: forward calls the
@@ -10,6 +10,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "autograd_common.h"
 #include "lltm.h"
 
 namespace lltm {
@@ -26,26 +27,18 @@ using BackwardSig = CellBackwardResult(const at::Tensor&, const at::Tensor&,
                                        const at::Tensor&, const at::Tensor&,
                                        const at::Tensor&, OutputMask);
 
-struct AtenOps {
-  static constexpr const char* forward = "lltm::aten_cell_forward";
-  static constexpr const char* backward = "lltm::aten_cell_backward";
-};
-struct FusedOps {
-  static constexpr const char* forward = "lltm::fused_cell_forward";
-  static constexpr const char* backward = "lltm::fused_cell_backward";
-};
-
-template <typename Ops>
-class CellFunction : public torch::autograd::Function<CellFunction<Ops>> {
+template <std::size_t kBackend>
+class CellFunction : public torch::autograd::Function<CellFunction<kBackend>> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
                                const at::Tensor& weights,
                                const std::optional<at::Tensor>& bias,
                                const at::Tensor& old_h,
                                const at::Tensor& old_cell) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow(Ops::forward, "")
-                               .template typed<ForwardSig>();
+    static const auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow(op_name(kBackend, "cell_forward").c_str(), "")
+            .template typed<ForwardSig>();
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [new_h, new_cell, gates] =
         op.call(input, weights, bias, old_h, old_cell);
@@ -60,9 +53,10 @@ class CellFunction : public torch::autograd::Function<CellFunction<Ops>> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow(Ops::backward, "")
-                               .template typed<BackwardSig>();
+    static const auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow(op_name(kBackend, "cell_backward").c_str(), "")
+            .template typed<BackwardSig>();
     const auto saved = ctx->get_saved_variables();
     // grads[0..1]: new_h, new_cell (undefined when unused);
     // grads[2] belongs to the non-differentiable gates and is ignored.
@@ -80,25 +74,29 @@ class CellFunction : public torch::autograd::Function<CellFunction<Ops>> {
         has_bias && ctx->needs_input_grad(2),
         ctx->needs_input_grad(state_edge),
         ctx->needs_input_grad(state_edge + 1)};
-    auto [grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell] =
-        op.call(grad_or_zeros(grads[0]), grad_or_zeros(grads[1]), saved[0],
-                saved[1], saved[2], saved[3], saved[4], mask);
-    variable_list out = {grad_input, grad_weights, grad_bias, grad_old_h,
-                         grad_old_cell};
+    variable_list out;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      auto [grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell] =
+          op.call(grad_or_zeros(grads[0]), grad_or_zeros(grads[1]), saved[0],
+                  saved[1], saved[2], saved[3], saved[4], mask);
+      out = {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};
+    }
     for (size_t i = 0; i < out.size(); ++i) {
       if (!mask[i]) out[i] = at::Tensor();
     }
-    return out;
+    return once_differentiable(std::move(out), kBackend);
   }
 };
 
-template <typename Ops>
+template <std::size_t kBackend>
 CellForwardResult cell_forward_autograd(const at::Tensor& input,
                                         const at::Tensor& weights,
                                         const std::optional<at::Tensor>& bias,
                                         const at::Tensor& old_h,
                                         const at::Tensor& old_cell) {
-  auto out = CellFunction<Ops>::apply(input, weights, bias, old_h, old_cell);
+  auto out = CellFunction<kBackend>::apply(input, weights, bias, old_h,
+                                           old_cell);
   return {out[0], out[1], out[2]};
 }
 
@@ -106,6 +104,9 @@ CellForwardResult cell_forward_autograd(const at::Tensor& input,
 }  // namespace lltm
 
 TORCH_LIBRARY_IMPL(lltm, Autograd, m) {
-  m.impl("aten_cell_forward", &lltm::cell_forward_autograd<lltm::AtenOps>);
-  m.impl("fused_cell_forward", &lltm::cell_forward_autograd<lltm::FusedOps>);
+  lltm::for_each_backend([&](auto backend) {
+    constexpr std::size_t b = decltype(backend)::value;
+    m.impl((std::string(lltm::kCompiledBackends[b]) + "_cell_forward").c_str(),
+           &lltm::cell_forward_autograd<b>);
+  });
 }

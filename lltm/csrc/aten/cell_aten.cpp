@@ -1,6 +1,7 @@
-// "aten" backend: the cell's forward and backward written with ATen ops, so it
-// runs on every device ATen supports. Registered as CompositeExplicitAutograd:
-// one kernel for all backends, autograd provided by autograd.cpp.
+// "aten" backend, cell operators: forward and backward written with ATen
+// ops, so they run on every device ATen supports. Registered as
+// CompositeExplicitAutograd: one kernel for all backends, autograd provided
+// by autograd_cell.cpp.
 //
 // The op count is kept low on purpose: at the tutorial's size (16 x 32 x 128)
 // each ATen call costs more than its arithmetic. The activations are applied

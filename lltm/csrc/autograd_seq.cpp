@@ -1,0 +1,113 @@
+// Autograd of the sequence operators: one node for a whole layer over T
+// steps, whatever T. Forward calls `<backend>_seq_forward` below autograd
+// and saves the inputs, the output and the per-step cells and gates;
+// backward is `<backend>_seq_backward` (the reverse-time loop and the
+// weight gradients over all T*B rows), called through the dispatcher.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "autograd_common.h"
+#include "lltm.h"
+
+namespace lltm {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using OptTensor = std::optional<at::Tensor>;
+
+using ForwardSig = SeqForwardResult(const at::Tensor&, const at::Tensor&,
+                                    const OptTensor&, const at::Tensor&,
+                                    const at::Tensor&, const OptTensor&);
+using BackwardSig = SeqBackwardResult(const OptTensor&, const OptTensor&,
+                                      const OptTensor&, const at::Tensor&,
+                                      const at::Tensor&, const at::Tensor&,
+                                      const at::Tensor&, const at::Tensor&,
+                                      const at::Tensor&, const OptTensor&,
+                                      OutputMask);
+
+OptTensor defined_or_none(const at::Tensor& t) {
+  return t.defined() ? OptTensor(t) : std::nullopt;
+}
+
+template <std::size_t kBackend>
+class SeqFunction : public torch::autograd::Function<SeqFunction<kBackend>> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const at::Tensor& weights, const OptTensor& bias,
+                               const at::Tensor& h0, const at::Tensor& c0,
+                               const OptTensor& lengths) {
+    static const auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow(op_name(kBackend, "seq_forward").c_str(), "")
+            .template typed<ForwardSig>();
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [output, h_n, c_n, cells, gates] =
+        op.call(input, weights, bias, h0, c0, lengths);
+    // c0 is not needed (d c_t / d c_{t-1} = 1), nor the bias.
+    ctx->save_for_backward({input, weights, h0, output, cells, gates,
+                            lengths.value_or(at::Tensor())});
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    ctx->mark_non_differentiable({cells, gates});
+    // Undefined output gradients (a loss on the output alone, say) are
+    // passed on as such: the op skips their terms instead of adding zeros.
+    ctx->set_materialize_grads(false);
+    return {output, h_n, c_n, cells, gates};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow(op_name(kBackend, "seq_backward").c_str(), "")
+            .template typed<BackwardSig>();
+    const auto saved = ctx->get_saved_variables();
+    // Edges exist only for tensor arguments: without a bias, h0 and c0 are
+    // edges 2 and 3.
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const size_t state_edge = has_bias ? 3 : 2;
+    const OutputMask mask = {
+        ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+        has_bias && ctx->needs_input_grad(2),
+        ctx->needs_input_grad(state_edge),
+        ctx->needs_input_grad(state_edge + 1)};
+    variable_list out;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      // grads[3..4] belong to the non-differentiable cells and gates.
+      auto [grad_input, grad_weights, grad_bias, grad_h0, grad_c0] = op.call(
+          defined_or_none(grads[0]), defined_or_none(grads[1]),
+          defined_or_none(grads[2]), saved[0], saved[1], saved[2], saved[3],
+          saved[4], saved[5], defined_or_none(saved[6]), mask);
+      out = {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (!mask[i]) out[i] = at::Tensor();
+    }
+    out.emplace_back();  // lengths: not differentiable
+    return once_differentiable(std::move(out), kBackend);
+  }
+};
+
+template <std::size_t kBackend>
+SeqForwardResult seq_forward_autograd(const at::Tensor& input,
+                                      const at::Tensor& weights,
+                                      const OptTensor& bias,
+                                      const at::Tensor& h0,
+                                      const at::Tensor& c0,
+                                      const OptTensor& lengths) {
+  auto out = SeqFunction<kBackend>::apply(input, weights, bias, h0, c0,
+                                          lengths);
+  return {out[0], out[1], out[2], out[3], out[4]};
+}
+
+}  // namespace
+}  // namespace lltm
+
+TORCH_LIBRARY_IMPL(lltm, Autograd, m) {
+  lltm::for_each_backend([&](auto backend) {
+    constexpr std::size_t b = decltype(backend)::value;
+    m.impl((std::string(lltm::kCompiledBackends[b]) + "_seq_forward").c_str(),
+           &lltm::seq_forward_autograd<b>);
+  });
+}

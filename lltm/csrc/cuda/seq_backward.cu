@@ -1,0 +1,191 @@
+// Backward of the fused CUDA sequence operator: lltm::fused_seq_backward.
+//
+// Reverse-time loop, per step: one pointwise kernel (d_pre_t from the carried
+// dh and dc, dc updated in place) and one cuBLAS GEMM d h_{t-1} = d_pre_t W_h.
+// After the loop, over all T*B rows at once:
+//   grad_input           = d_pre W_x                    (one GEMM)
+//   grad_weights[:, S:]  = d_pre^T x                    (one GEMM)
+//   grad_weights[:, :S]  = d_pre_0^T h0 + d_pre_{1:}^T output_{:-1}
+//                                                       (two GEMMs, h_{t-1}
+//                          is the previous output on every row whose d_pre
+//                          is not 0)
+//   grad_bias            = column sums of d_pre          (one reduction)
+// No atomics: every gradient element is written by one GEMM or reduction.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "../lltm.h"
+#include "blas.h"
+#include "launch_utils.h"
+#include "seq_pointwise.cuh"
+
+namespace lltm {
+
+using namespace cuda_detail;
+
+namespace {
+
+constexpr const char* kOp = "lltm::fused_seq_backward";
+
+bool has(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined();
+}
+
+}  // namespace
+
+SeqBackwardResult fused_seq_backward_cuda(
+    const std::optional<at::Tensor>& grad_output,
+    const std::optional<at::Tensor>& grad_h_n,
+    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
+    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& output,
+    const at::Tensor& cells, const at::Tensor& gates,
+    const std::optional<at::Tensor>& lengths, OutputMask output_mask) {
+  check_seq_backward_args(kOp, grad_output, grad_h_n, grad_c_n, input, weights,
+                          h0, output, cells, gates, lengths);
+  TORCH_CHECK(input.is_cuda(), kOp, ": expected CUDA tensors, but got input on ",
+              input.device());
+  const c10::cuda::CUDAGuard device_guard(input.device());
+
+  const int64_t steps = input.size(0), batch = input.size(1),
+                features = input.size(2), state = weights.size(0) / 3;
+  const int64_t K = state + features, S3 = 3 * state;
+  const auto options = input.options();
+  const bool want_input = output_mask[0], want_weights = output_mask[1],
+             want_bias = output_mask[2], want_h0 = output_mask[3],
+             want_c0 = output_mask[4];
+  auto output_or_placeholder = [&](bool wanted, at::IntArrayRef shape) {
+    return wanted ? at::empty(shape, options) : at::empty({0}, options);
+  };
+  at::Tensor grad_input = output_or_placeholder(want_input, {steps, batch, features});
+  at::Tensor grad_weights = output_or_placeholder(want_weights, {S3, K});
+  at::Tensor grad_bias = output_or_placeholder(want_bias, {S3});
+  at::Tensor grad_h0 = output_or_placeholder(want_h0, {batch, state});
+  at::Tensor grad_c0 = output_or_placeholder(want_c0, {batch, state});
+  auto result = [&]() -> SeqBackwardResult {
+    return {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
+  };
+  if (!(want_input || want_weights || want_bias || want_h0 || want_c0)) {
+    return result();
+  }
+  if (steps == 0 || batch == 0 || state == 0) {
+    // No step ran: the state's gradients pass through, the rest are sums
+    // over nothing.
+    for (at::Tensor* t : {&grad_input, &grad_weights, &grad_bias}) {
+      if (t->numel() > 0) t->zero_();
+    }
+    if (want_h0) {
+      if (has(grad_h_n)) grad_h0.copy_(*grad_h_n); else grad_h0.zero_();
+    }
+    if (want_c0) {
+      if (has(grad_c_n)) grad_c0.copy_(*grad_c_n); else grad_c0.zero_();
+    }
+    return result();
+  }
+
+  const c10::ScalarType dtype = input.scalar_type();
+  const at::Tensor cell_states = cells.contiguous();
+  const at::Tensor act = gates.contiguous();
+  const at::Tensor out = output.contiguous();
+  const at::Tensor g_out = has(grad_output) ? grad_output->contiguous() : at::Tensor();
+  const bool masked = has(lengths);
+  const at::Tensor lens = masked ? lengths->contiguous() : at::Tensor();
+  const RowMajor w = as_row_major(weights);
+  const int64_t elem = input.element_size();
+  const char* w_ptr = static_cast<const char*>(w.tensor.const_data_ptr());
+
+  // Carried gradients: dh in two (B, S) buffers written in turn (the GEMM
+  // reads one and writes the other), dc in float for half and bfloat16.
+  at::Tensor dh = at::empty({2, batch, state}, options);
+  if (has(grad_h_n)) {
+    dh[steps % 2].copy_(*grad_h_n);
+  } else {
+    dh[steps % 2].zero_();
+  }
+  at::Tensor dc = has(grad_c_n)
+                      ? grad_c_n->to(options.dtype(at::toOpMathType(dtype)),
+                                     /*non_blocking=*/false, /*copy=*/true,
+                                     at::MemoryFormat::Contiguous)
+                      : at::zeros({batch, state},
+                                  options.dtype(at::toOpMathType(dtype)));
+  at::Tensor d_pre = at::empty({steps, batch, S3}, options);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t n = batch * state;
+  const unsigned int blocks = grid_size(std::max<int64_t>(
+      1, std::min<int64_t>(ceil_div(n, kSeqPointwiseThreads),
+                           int64_t(sm_count(input.get_device())) * 8)));
+
+  // Buffer roles: step t reads dh[(t + 1) % 2] (the gradient of h_t carried
+  // from step t + 1) and writes d h_{t-1} into dh[t % 2]; so step T - 1
+  // reads dh[T % 2], where grad_h_n was put above.
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, dtype, "lltm_fused_seq_backward", [&] {
+        using acc_t = at::opmath_type<scalar_t>;
+        scalar_t* dh_base = dh.mutable_data_ptr<scalar_t>();
+        for (int64_t t = steps - 1; t >= 0; --t) {
+          const scalar_t* dh_in = dh_base + ((t + 1) % 2) * n;
+          scalar_t* dh_out = dh_base + (t % 2) * n;
+          scalar_t* dp = d_pre.mutable_data_ptr<scalar_t>() + t * batch * S3;
+          seq_backward_step_kernel<scalar_t>
+              <<<blocks, kSeqPointwiseThreads, 0, stream>>>(
+                  dh_in,
+                  g_out.defined() ? g_out.const_data_ptr<scalar_t>() + t * n
+                                  : nullptr,
+                  dc.mutable_data_ptr<acc_t>(),
+                  cell_states.const_data_ptr<scalar_t>() + t * n,
+                  act.const_data_ptr<scalar_t>() + t * batch * S3,
+                  masked ? lens.const_data_ptr<int64_t>() : nullptr, t, dp,
+                  masked ? dh_out : nullptr, batch, state);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          if (t > 0 || want_h0) {
+            // d h_{t-1} (+)= d_pre_t W_h: (B, S) = (B, 3S) (3S, S); with
+            // lengths it adds to the carried gh of rows past their length.
+            const Gemm recurrent = {false, false, batch, state, S3, dp, S3,
+                                    w_ptr, w.ld, masked, dh_out, state};
+            run_gemms(dtype, &recurrent, 1);
+          }
+        }
+      });
+  if (want_h0) grad_h0.copy_(dh[0]);  // step 0 wrote dh[0]
+  if (want_c0) grad_c0.copy_(dc);
+
+  const void* d_all = d_pre.const_data_ptr();
+  const at::Tensor x = want_weights ? input.contiguous() : at::Tensor();
+  const RowMajor h_first = as_row_major(h0);
+  char* gw = want_weights ? static_cast<char*>(grad_weights.mutable_data_ptr())
+                          : nullptr;
+  Gemm gemms[4];
+  int count = 0;
+  if (want_input && features > 0) {  // (T*B, I) = (T*B, 3S) W[:, S:]
+    gemms[count++] = {false, false, steps * batch, features, S3, d_all, S3,
+                      w_ptr + state * elem, w.ld, false,
+                      grad_input.mutable_data_ptr(), features};
+  }
+  if (want_weights && features > 0) {
+    // [:, S:] (3S, I) = d_pre^T (3S, T*B) x (T*B, I)
+    gemms[count++] = {true, false, S3, features, steps * batch, d_all, S3,
+                      x.const_data_ptr(), features, false, gw + state * elem, K};
+  }
+  if (want_weights) {
+    // [:, :S] (3S, S) = d_pre_0^T h0 + d_pre_{1:}^T output_{:-1}
+    gemms[count++] = {true, false, S3, state, batch, d_all, S3,
+                      h_first.tensor.const_data_ptr(), h_first.ld, false, gw, K};
+    if (steps > 1) {
+      gemms[count++] = {true, false, S3, state, (steps - 1) * batch,
+                        static_cast<const char*>(d_all) + batch * S3 * elem, S3,
+                        out.const_data_ptr(), state, true, gw, K};
+    }
+  }
+  run_gemms(dtype, gemms, count);
+  if (want_bias) {
+    // Column sums in float for half and bfloat16 (ATen's reduction).
+    at::sum_out(grad_bias, d_pre.view({steps * batch, S3}), {0});
+  }
+  return result();
+}
+
+}  // namespace lltm
