@@ -26,7 +26,7 @@ ROWS: dict[str, str] = {
     "python": "lltm, backend='python' (the reference; a per-step loop in sequence mode)",
     "aten": "lltm, backend='aten'",
     "fused": "lltm, backend='fused'",
-    "compile": "torch.compile of the python cell | of lltm.LLTM(backend='python')",
+    "compile": "torch.compile of the python cell | of lltm.LLTM(backend='python') (unrolled: slow to compile)",
     "compile-ro": "the same, mode='reduce-overhead' (CUDA graphs; CUDA only)",
     "lstm": "nn.LSTMCell | nn.LSTM (cuDNN on GPU), same state size",
     "lstm-notf32": "nn.LSTM with torch.backends.cudnn.allow_tf32 = False (sequence mode, CUDA only)",

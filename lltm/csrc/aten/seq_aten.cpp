@@ -62,15 +62,19 @@ SeqForwardResult aten_seq_forward(const at::Tensor& input,
     return {output, h0.clone(at::MemoryFormat::Contiguous),
             c0.clone(at::MemoryFormat::Contiguous), cells, gates};
   }
-  const at::Tensor w_h = weights.narrow(1, 0, state);         // (3S, S)
-  const at::Tensor w_x = weights.narrow(1, state, features);  // (3S, I)
+  // W_h^T (S, 3S) and W_x^T (I, 3S) as contiguous copies, made once: a
+  // transposed view of a row-major matrix is the slower GEMM operand on CPU
+  // BLAS (17 vs 10 us per step at 16 x 128 x 384), and the copy is one
+  // weight matrix per call.
+  const at::Tensor w_h_t = weights.narrow(1, 0, state).t().contiguous();
+  const at::Tensor w_x_t = weights.narrow(1, state, features).t().contiguous();
   // gates[t] = x_t W_x^T + b for every t: one GEMM over T*B rows.
   const at::Tensor x_all = input.reshape({steps * batch, features});
   at::Tensor gates_all = gates.view({steps * batch, 3 * state});
   if (has(bias)) {
-    at::addmm_out(gates_all, *bias, x_all, w_x.t());
+    at::addmm_out(gates_all, *bias, x_all, w_x_t);
   } else {
-    at::mm_out(gates_all, x_all, w_x.t());
+    at::mm_out(gates_all, x_all, w_x_t);
   }
   const bool masked = has(lengths);
   at::Tensor mask, unmask;  // (T, B, 1): inside / past each row's length
@@ -82,7 +86,7 @@ SeqForwardResult aten_seq_forward(const at::Tensor& input,
   at::Tensor c = c0;
   for (int64_t t = 0; t < steps; ++t) {
     at::Tensor g = gates[t];  // (B, 3S)
-    g.addmm_(h, w_h.t());     // + h_{t-1} W_h^T
+    g.addmm_(h, w_h_t);       // + h_{t-1} W_h^T
     g.narrow(1, 0, 2 * state).sigmoid_();
     at::Tensor candidate = g.narrow(1, 2 * state, state);
     at::elu_(candidate);
