@@ -157,6 +157,25 @@ def test_check_without_cuda_errs_on_stderr(capsys):
     assert captured.out == "" and "torch sees no CUDA device" in captured.err
 
 
+def test_readme_matches_help():
+    """README's command lines name every option of `lltm bench` and `lltm check`, and every row."""
+    import argparse
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for sub in (bench, check):
+        parser = argparse.ArgumentParser()
+        sub.add_arguments(parser)
+        for action in parser._actions:
+            names = [o for o in action.option_strings if o not in ("-h", "--help")]
+            # as written in the usage lines: "[-b 16", "[--seq T]", "| -d]"
+            assert not names or any(f"[{o} " in readme or f"[{o}]" in readme or f" {o}]" in readme for o in names), (
+                f"{sub.__name__}: {names} missing from README.md"
+            )
+    for row in bench.cases.ROWS:
+        assert f"`{row}`" in readme, f"row {row} missing from README.md"
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["--version"])

@@ -9,12 +9,11 @@ import torch
 from lltm import functional
 from lltm.reference import lltm_cell_reference
 
-from ._helpers import backend_params, leaves, make_inputs
+from ._helpers import assert_matches, backend_params, leaves, make_inputs
 
 # (batch, input_features, state_size): tutorial size, batch 1, odd sizes,
 # batch 0 and a state size that is not a multiple of a vector width.
 SHAPES = [(16, 32, 128), (1, 5, 3), (7, 13, 33), (0, 4, 6), (3, 1, 1)]
-TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
 
 
 def _run(fn, args, grad_h, grad_cell):
@@ -29,13 +28,14 @@ def _reference(args, grad_h, grad_cell):
     return _run(lltm_cell_reference, ref_args, grad_h.double().cpu(), grad_cell.double().cpu())
 
 
-def _assert_close(got, want, tol, what, contiguous=False):
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert g.shape == w.shape, f"{what}[{i}]: shape {tuple(g.shape)} != {tuple(w.shape)}"
-        # The compiled ops promise contiguous outputs on every device.
+def _assert_close(got, want, what, contiguous=False):
+    """The suite's one rule (tests/_helpers.assert_matches), compared on the
+    CPU in float64 whatever device either side is on."""
+    got = list(got)
+    # The compiled ops promise contiguous outputs on every device.
+    for i, g in enumerate(got):
         assert not contiguous or g.is_contiguous(), f"{what}[{i}] is not contiguous"
-        # Compare on the CPU in float64 whatever device either side is on.
-        torch.testing.assert_close(g.double().cpu(), w.double().cpu(), rtol=tol, atol=tol, msg=lambda m: f"{what}[{i}]: {m}")
+    assert_matches(got, list(want), got[0].dtype, names=[f"{what}[{i}]" for i in range(len(got))])
 
 
 @pytest.mark.parametrize("device,backend", backend_params())
@@ -50,8 +50,8 @@ def test_matches_reference(device, backend, dtype, shape, bias):
     grad_cell = torch.randn(B, S, generator=gen).to(device, dtype)
     out, grads = _run(lambda *a: functional.lltm_cell(*a, backend=backend), args, grad_h, grad_cell)
     ref_out, ref_grads = _reference(args, grad_h, grad_cell)
-    _assert_close(out, ref_out, TOL[dtype], "outputs", contiguous=True)
-    _assert_close(grads, ref_grads, TOL[dtype], "grads", contiguous=backend != "python")
+    _assert_close(out, ref_out, "outputs", contiguous=True)
+    _assert_close(grads, ref_grads, "grads", contiguous=backend != "python")
     assert out[0].dtype == dtype and out[0].device.type == device
 
 
@@ -71,8 +71,8 @@ def test_non_contiguous_inputs(device, backend):
     g = (torch.randn(B, S, dtype=torch.float64, device=device), torch.randn(B, S, dtype=torch.float64, device=device))
     out, grads = _run(lambda *a: functional.lltm_cell(*a, backend=backend), args, *g)
     ref_out, ref_grads = _reference(args, *g)
-    _assert_close(out, ref_out, 1e-10, "outputs")
-    _assert_close(grads, ref_grads, 1e-10, "grads")
+    _assert_close(out, ref_out, "outputs")
+    _assert_close(grads, ref_grads, "grads")
 
 
 @pytest.mark.parametrize("device,backend", backend_params())
@@ -84,7 +84,7 @@ def test_only_new_h_used(device, backend):
     ref_args = [a.detach().clone().requires_grad_() for a in args]
     ref_h, _ = lltm_cell_reference(*ref_args)
     ref_grads = torch.autograd.grad(ref_h.sum(), ref_args)
-    _assert_close(grads, ref_grads, 1e-10, "grads")
+    _assert_close(grads, ref_grads, "grads")
 
 
 @pytest.mark.parametrize("device,backend", backend_params())
@@ -98,7 +98,7 @@ def test_partial_requires_grad(device, backend):
     Wr, br = W.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
     rh, rc = lltm_cell_reference(x, Wr, br, h, c)
     rW, rb = torch.autograd.grad(rh.sum() + 2 * rc.sum(), (Wr, br))
-    _assert_close((gW, gb), (rW, rb), 1e-10, "grads")
+    _assert_close((gW, gb), (rW, rb), "grads")
 
 
 @pytest.mark.parametrize("device,backend", backend_params())
@@ -114,7 +114,7 @@ def test_sequence_matches_cell_loop(device, backend):
     for t in range(T):
         h, c = lltm_cell_reference(seq[t], W, b, h, c)
         ref.append(h)
-    _assert_close((out, h_n, c_n), (torch.stack(ref), h, c), 1e-10, "sequence")
+    _assert_close((out, h_n, c_n), (torch.stack(ref), h, c), "sequence")
     empty, (h_e, c_e) = functional.lltm(seq[:0], W, b, h0, c0, backend=backend)
     assert empty.shape == (0, B, S) and torch.equal(h_e, h0) and torch.equal(c_e, c0)
 
@@ -136,5 +136,5 @@ def test_one_argument_needs_grad(device, backend, which):
     ref_args = [a.detach().cpu().requires_grad_(a.requires_grad) for a in args]
     ref_out, ref_grads = _run(lltm_cell_reference, ref_args, grad_h.cpu(), grad_cell.cpu())
     assert len(grads) == len(wanted)
-    _assert_close(out, ref_out, 1e-10, "outputs")
-    _assert_close(grads, ref_grads, 1e-10, f"grad of {which}")
+    _assert_close(out, ref_out, "outputs")
+    _assert_close(grads, ref_grads, f"grad of {which}")

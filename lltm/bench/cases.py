@@ -26,7 +26,7 @@ ROWS: dict[str, str] = {
     "python": "lltm, backend='python' (the reference; a per-step loop in sequence mode)",
     "aten": "lltm, backend='aten'",
     "fused": "lltm, backend='fused'",
-    "compile": "torch.compile of the python cell | of lltm.LLTM(backend='python')",
+    "compile": "torch.compile of the python cell | of lltm.LLTM(backend='python') (unrolled: slow to compile)",
     "compile-ro": "the same, mode='reduce-overhead' (CUDA graphs; CUDA only)",
     "lstm": "nn.LSTMCell | nn.LSTM (cuDNN on GPU), same state size",
     "lstm-notf32": "nn.LSTM with torch.backends.cudnn.allow_tf32 = False (sequence mode, CUDA only)",
@@ -55,6 +55,8 @@ class Case:
     note: str = ""
     parameters: list[Tensor] = field(default_factory=list)
     autograd: bool = True  # False: no graph to measure memory of (the bare GEMMs)
+    # False: the peak says nothing (CUDA graphs allocate their pool once, at capture)
+    measure_peak: bool = True
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ def cell_case(name: str, cfg: Config) -> Case:
             return compiled(x, W, b, h, c)
 
         note = "torch.compile of the python cell" + (f", {mode}" if mode else "")
-        return Case(name, fwd, backward, note=note, parameters=[W, b])
+        return Case(name, fwd, backward, note=note, parameters=[W, b], measure_peak=mode is None)
     if name == "lstm":
         cell = nn.LSTMCell(I, S, device=cfg.device, dtype=cfg.dtype)
         params = list(cell.parameters())
@@ -238,9 +240,8 @@ def seq_case(name: str, cfg: Config) -> Case:
         output, _ = call(x)
         return (output,)
 
-    case = Case(
-        name, fwd, _autograd_backward((grad_out,), [x, *params], cfg.accumulate_grads), note=note, parameters=params
-    )
+    backward = _autograd_backward((grad_out,), [x, *params], cfg.accumulate_grads)
+    case = Case(name, fwd, backward, note=note, parameters=params, measure_peak=name != "compile-ro")
     return _no_tf32(case) if name == "lstm-notf32" else case
 
 

@@ -90,8 +90,9 @@ def saved_bytes(case: Case) -> Optional[int]:
 
 def peak_bytes(case: Case, device: torch.device) -> Optional[int]:
     """CUDA: peak allocated during one forward + backward above the memory
-    in use before it; None on other devices."""
-    if device.type != "cuda" or not case.autograd:
+    in use before it; None on other devices and for CUDA-graph rows (their
+    pool is allocated at capture, so a replay's peak would read near zero)."""
+    if device.type != "cuda" or not case.autograd or not case.measure_peak:
         return None
     sync(device)
     base = torch.cuda.memory_allocated(device)

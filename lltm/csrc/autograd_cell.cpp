@@ -65,25 +65,14 @@ class CellFunction : public torch::autograd::Function<CellFunction<kBackend>> {
     };
     // Gradients nobody needs (inputs without requires_grad, a missing bias)
     // are not computed; the op returns empty placeholders for them.
-    // Autograd edges exist only for tensor arguments: without a bias, old_h
-    // and old_cell are edges 2 and 3.
-    const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    const size_t state_edge = has_bias ? 3 : 2;
-    const OutputMask mask = {
-        ctx->needs_input_grad(0), ctx->needs_input_grad(1),
-        has_bias && ctx->needs_input_grad(2),
-        ctx->needs_input_grad(state_edge),
-        ctx->needs_input_grad(state_edge + 1)};
+    const OutputMask mask = needed_gradients(ctx);
     variable_list out;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      auto [grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell] =
-          op.call(grad_or_zeros(grads[0]), grad_or_zeros(grads[1]), saved[0],
-                  saved[1], saved[2], saved[3], saved[4], mask);
-      out = {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};
-    }
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (!mask[i]) out[i] = at::Tensor();
+      out = asked_only(op.call(grad_or_zeros(grads[0]), grad_or_zeros(grads[1]),
+                               saved[0], saved[1], saved[2], saved[3],
+                               saved[4], mask),
+                       mask);
     }
     return once_differentiable(std::move(out), kBackend);
   }

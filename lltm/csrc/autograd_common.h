@@ -8,9 +8,11 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "backends.h"
+#include "lltm.h"
 
 namespace lltm {
 
@@ -36,6 +38,33 @@ inline torch::autograd::variable_list once_differentiable(
   auto error = std::make_shared<torch::autograd::DelayedError>(
       msg, static_cast<int64_t>(inputs.size()));
   return error->apply(std::move(inputs));
+}
+
+// Which of the five gradients (input, weights, bias, state h, state c) the
+// engine needs, for an op whose tensor arguments are (input, weights,
+// bias?, h, c, ...). Edges exist only for tensor arguments: without a bias
+// (forward saved "has_bias" = false), h and c are edges 2 and 3.
+inline OutputMask needed_gradients(torch::autograd::AutogradContext* ctx) {
+  const bool has_bias = ctx->saved_data["has_bias"].toBool();
+  const size_t state_edge = has_bias ? 3 : 2;
+  return {ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+          has_bias && ctx->needs_input_grad(2),
+          ctx->needs_input_grad(state_edge),
+          ctx->needs_input_grad(state_edge + 1)};
+}
+
+// The five gradients as autograd wants them: undefined where not asked for
+// (the op returned an empty placeholder there).
+inline torch::autograd::variable_list asked_only(
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>&&
+        grads,
+    const OutputMask& mask) {
+  auto& [g0, g1, g2, g3, g4] = grads;
+  torch::autograd::variable_list out = {g0, g1, g2, g3, g4};
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!mask[i]) out[i] = at::Tensor();
+  }
+  return out;
 }
 
 // Calls f(std::integral_constant<std::size_t, I>{}) for every backend index.

@@ -62,27 +62,17 @@ class SeqFunction : public torch::autograd::Function<SeqFunction<kBackend>> {
             .findSchemaOrThrow(op_name(kBackend, "seq_backward").c_str(), "")
             .template typed<BackwardSig>();
     const auto saved = ctx->get_saved_variables();
-    // Edges exist only for tensor arguments: without a bias, h0 and c0 are
-    // edges 2 and 3.
-    const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    const size_t state_edge = has_bias ? 3 : 2;
-    const OutputMask mask = {
-        ctx->needs_input_grad(0), ctx->needs_input_grad(1),
-        has_bias && ctx->needs_input_grad(2),
-        ctx->needs_input_grad(state_edge),
-        ctx->needs_input_grad(state_edge + 1)};
+    const OutputMask mask = needed_gradients(ctx);
     variable_list out;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       // grads[3..4] belong to the non-differentiable cells and gates.
-      auto [grad_input, grad_weights, grad_bias, grad_h0, grad_c0] = op.call(
-          defined_or_none(grads[0]), defined_or_none(grads[1]),
-          defined_or_none(grads[2]), saved[0], saved[1], saved[2], saved[3],
-          saved[4], saved[5], defined_or_none(saved[6]), mask);
-      out = {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
-    }
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (!mask[i]) out[i] = at::Tensor();
+      out = asked_only(
+          op.call(defined_or_none(grads[0]), defined_or_none(grads[1]),
+                  defined_or_none(grads[2]), saved[0], saved[1], saved[2],
+                  saved[3], saved[4], saved[5], defined_or_none(saved[6]),
+                  mask),
+          mask);
     }
     out.emplace_back();  // lengths: not differentiable
     return once_differentiable(std::move(out), kBackend);

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -100,7 +101,17 @@ class ScalarTensor:
     result is again a scaled identity. Any other ``torch`` function, or a
     handled one whose arguments leave the scaled-identity case, densifies
     each ``ScalarTensor`` argument with :meth:`tensor` and calls the real
-    function, so the result is always what the dense matrix would give.
+    function.
+
+    The contract: every call gives what the same call on the dense matrices
+    (:meth:`tensor`, in torch's default dtype on the CPU) gives -- the same
+    values up to floating-point rounding, the same dtype, the same errors.
+    The shortcuts are taken only where that holds: values finite in the
+    default dtype (``inf * I`` has NaN off its diagonal, so an infinite value
+    goes the dense way), ``torch.mean`` only for a real value and a floating
+    result dtype (``dtype=torch.int64`` raises, as it does for a dense
+    tensor), ``torch.matmul`` with a tensor only for a real value and a CPU
+    tensor of the default dtype.
 
     >>> s = ScalarTensor(3, 2.0)
     >>> torch.add(s, s, alpha=2)
@@ -196,12 +207,36 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, numbers.Number) and not isinstance(x, bool)
 
 
+def _representable(x: Any) -> bool:
+    """A number whose real and imaginary parts are finite in the default
+    dtype, so that ``x * torch.eye(N)`` is exactly a scaled identity."""
+    if not _is_number(x):
+        return False
+    limit = torch.finfo(torch.get_default_dtype()).max
+    try:
+        parts = (complex(x).real, complex(x).imag)
+    except OverflowError:  # an int too large for a float
+        return False
+    return all(math.isfinite(p) and abs(p) <= limit for p in parts)
+
+
+def _real(x: Any) -> bool:
+    return _representable(x) and not isinstance(x, complex)
+
+
+def _same_as_dense(other: Tensor) -> bool:
+    """The shortcut with a tensor gives the dense result only where the dense
+    call would run at all: a CPU tensor of the default dtype."""
+    return other.device.type == "cpu" and other.dtype == torch.get_default_dtype()
+
+
 @implements(torch.mean)
 def _mean(input: ScalarTensor, dim: Any = None, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> Tensor:
-    if dim is not None or keepdim:
+    result = dtype or torch.get_default_dtype()
+    if dim is not None or keepdim or not _real(input.value) or not result.is_floating_point:
         return _dense_call(torch.mean, (input, dim, keepdim), {"dtype": dtype})
-    # N entries equal value among N*N.
-    return torch.tensor(input.value / input.N, dtype=dtype or torch.get_default_dtype())
+    # N entries equal value among N*N; the value rounded to the matrix's dtype first.
+    return torch.tensor(input.value, dtype=torch.get_default_dtype()).to(result) / input.N
 
 
 @implements(torch.add)
@@ -209,7 +244,10 @@ def _add(input: Any, other: Any, *, alpha: numbers.Number = 1, out: Tensor | Non
     if isinstance(input, ScalarTensor) and isinstance(other, ScalarTensor) and out is None:
         if input.N != other.N:
             raise ValueError(f"torch.add: ScalarTensor sizes differ: N={input.N} and N={other.N}")
-        return ScalarTensor(input.N, input.value + alpha * other.value)
+        if all(map(_representable, (input.value, other.value, alpha))):
+            value = input.value + alpha * other.value
+            if _representable(value):
+                return ScalarTensor(input.N, value)
     for a, b in ((input, other), (other, input)):
         if isinstance(a, ScalarTensor) and isinstance(b, Tensor):
             _check_broadcast("torch.add", a, b)
@@ -221,15 +259,15 @@ def _add(input: Any, other: Any, *, alpha: numbers.Number = 1, out: Tensor | Non
 
 @implements(torch.mul)
 def _mul(input: Any, other: Any, *, out: Tensor | None = None) -> Any:
+    if isinstance(input, ScalarTensor) and isinstance(other, ScalarTensor) and input.N != other.N:
+        raise ValueError(f"torch.mul: ScalarTensor sizes differ: N={input.N} and N={other.N}")
     if out is None:
-        if isinstance(input, ScalarTensor) and _is_number(other):
-            return ScalarTensor(input.N, input.value * other)
-        if isinstance(other, ScalarTensor) and _is_number(input):
-            return ScalarTensor(other.N, input * other.value)
-        if isinstance(input, ScalarTensor) and isinstance(other, ScalarTensor):
-            if input.N != other.N:
-                raise ValueError(f"torch.mul: ScalarTensor sizes differ: N={input.N} and N={other.N}")
-            return ScalarTensor(input.N, input.value * other.value)  # product of diagonals
+        # number * value I, or the product of two diagonals
+        a = input.value if isinstance(input, ScalarTensor) else input
+        b = other.value if isinstance(other, ScalarTensor) else other
+        n = input.N if isinstance(input, ScalarTensor) else other.N
+        if _representable(a) and _representable(b) and _representable(a * b):
+            return ScalarTensor(n, a * b)
     for a, b in ((input, other), (other, input)):
         if isinstance(a, ScalarTensor) and isinstance(b, Tensor):
             _check_broadcast("torch.mul", a, b)
@@ -243,7 +281,13 @@ def _matmul(input: Any, other: Any, *, out: Tensor | None = None) -> Any:
     if isinstance(input, ScalarTensor) and isinstance(other, ScalarTensor):
         if input.N != other.N:
             raise ValueError(f"torch.matmul: ScalarTensor sizes differ: N={input.N} and N={other.N}")
-        return ScalarTensor(input.N, input.value * other.value)
+        # matmul needs one dtype: both real (default dtype) or both complex
+        same = isinstance(input.value, complex) == isinstance(other.value, complex)
+        if same and _representable(input.value) and _representable(other.value):
+            value = input.value * other.value
+            if _representable(value):
+                return ScalarTensor(input.N, value)
+        return _dense_call(torch.matmul, (input, other), {})
     if isinstance(input, ScalarTensor) and isinstance(other, Tensor):
         # (N, N) @ (..., N, k) or (N,): rows of other must number N.
         rows = other.shape[0] if other.dim() == 1 else other.shape[-2] if other.dim() >= 2 else None
@@ -252,7 +296,8 @@ def _matmul(input: Any, other: Any, *, out: Tensor | None = None) -> Any:
                 f"torch.matmul: {input!r} is {input.N}x{input.N}; it cannot multiply a tensor of shape "
                 f"{tuple(other.shape)} (needs {input.N} rows)"
             )
-        return other * input.value
+        if _real(input.value) and _same_as_dense(other):
+            return other * input.value
     if isinstance(other, ScalarTensor) and isinstance(input, Tensor):
         cols = input.shape[-1] if input.dim() >= 1 else None
         if cols != other.N:
@@ -260,7 +305,8 @@ def _matmul(input: Any, other: Any, *, out: Tensor | None = None) -> Any:
                 f"torch.matmul: a tensor of shape {tuple(input.shape)} cannot multiply {other!r} "
                 f"(needs {other.N} columns)"
             )
-        return input * other.value
+        if _real(other.value) and _same_as_dense(input):
+            return input * other.value
     return _dense_call(torch.matmul, (input, other), {})
 
 

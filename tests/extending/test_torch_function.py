@@ -387,3 +387,62 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(module)
     assert result.attempted >= 3 and result.failed == 0
+
+
+# ScalarTensor's contract: every call gives what the dense matrices give
+# (values up to rounding, dtype, errors), shortcuts included.
+
+SCALAR_VALUES = [2.0, -3, 0.5, 1e-3, 1e39, float("inf"), -float("inf"), float("nan"), 2 + 1j, 10**400]
+SCALAR_IDS = ["2.0", "-3", "0.5", "1e-3", "1e39", "inf", "-inf", "nan", "complex", "huge-int"]
+
+
+def _dense(x):
+    return x.tensor() if isinstance(x, ScalarTensor) else x
+
+
+def _outcome(fn, *args, **kwargs):
+    """('ok', dense result) or ('error', exception type) of fn on these args."""
+    try:
+        result = fn(*args, **kwargs)
+    except (RuntimeError, TypeError, ValueError, OverflowError) as exc:
+        return "error", type(exc)
+    return "ok", _dense(result)
+
+
+def _assert_like_dense(fn, *args, **kwargs):
+    ours = _outcome(fn, *args, **kwargs)
+    dense = _outcome(fn, *(_dense(a) for a in args), **kwargs)
+    assert ours[0] == dense[0], f"ScalarTensor: {ours}, dense: {dense}"
+    if ours[0] == "ok":
+        assert ours[1].dtype == dense[1].dtype
+        torch.testing.assert_close(ours[1], dense[1], equal_nan=True, rtol=1e-6, atol=0)
+
+
+@pytest.mark.filterwarnings("ignore:Casting complex values to real discards the imaginary part")
+@pytest.mark.parametrize("value", SCALAR_VALUES, ids=SCALAR_IDS)
+def test_scalar_tensor_is_its_dense_matrix(value):
+    try:
+        s = ScalarTensor(3, value)
+        s.tensor()
+    except OverflowError:
+        pytest.skip("no dense matrix to compare with")
+    other = ScalarTensor(3, 1.5)
+    t = torch.randn(3, 4)
+    for dtype in (None, torch.float64, torch.int64, torch.complex64):
+        _assert_like_dense(torch.mean, s, **({} if dtype is None else {"dtype": dtype}))
+    _assert_like_dense(torch.add, s, other, alpha=2)
+    _assert_like_dense(torch.add, s, s)
+    _assert_like_dense(torch.mul, s, 4)
+    _assert_like_dense(torch.mul, 1e38, s)
+    _assert_like_dense(torch.mul, s, other)
+    _assert_like_dense(torch.matmul, s, other)
+    _assert_like_dense(torch.matmul, s, t)
+    _assert_like_dense(torch.matmul, t.t(), s)
+    _assert_like_dense(torch.matmul, s, t.double())  # dtype mix: an error, as for the dense matrix
+
+
+def test_scalar_tensor_mean_examples_of_the_issue():
+    with pytest.raises(RuntimeError):  # as torch.mean(3 * torch.eye(2), dtype=torch.int64)
+        torch.mean(ScalarTensor(2, 3.0), dtype=torch.int64)
+    assert torch.isnan(torch.mean(ScalarTensor(2, float("inf"))))
+    torch.testing.assert_close(torch.mean(ScalarTensor(2, 2 + 2j)), torch.tensor(1 + 1j, dtype=torch.complex64))

@@ -89,17 +89,20 @@ inline Path choose_path(int64_t macs) {
              : Path::kBlas;
 }
 
-// Multiprocessors of a device, read once per device.
+// Multiprocessors of a device, read once per device (the first 64 devices
+// are cached; any other is asked each time).
 inline int sm_count(c10::DeviceIndex device) {
   static int cache[64] = {};
   const int index = device;
-  if (index < 0 || index >= 64) return 132;
-  if (cache[index] == 0) {
+  TORCH_CHECK(index >= 0, "lltm::fused (CUDA): invalid device index ", index);
+  const auto query = [index] {
     int count = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(
         &count, cudaDevAttrMultiProcessorCount, index));
-    cache[index] = count;
-  }
+    return count;
+  };
+  if (index >= 64) return query();
+  if (cache[index] == 0) cache[index] = query();
   return cache[index];
 }
 
