@@ -70,7 +70,7 @@ def _unavailable(backend: str, device_type: str) -> str:
     if backend in ("aten", "fused") and _extension.load_error():
         msg += f". {_extension.load_error()}"
     elif backend == "fused":
-        msg += " (the fused kernels are built for CUDA devices only)"
+        msg += " (the fused kernels are built for CPU and CUDA devices only)"
     return msg
 
 

@@ -1,0 +1,73 @@
+// Run-time choice of the fused CPU passes: the build matching the CPU
+// capability torch itself uses (at::get_cpu_capability(): the best the CPU
+// supports, or the one ATEN_CPU_CAPABILITY asks for), falling back to a
+// narrower build where a wider one is absent.
+#include <ATen/Version.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "pointwise.h"
+
+namespace lltm {
+namespace cpu {
+namespace {
+
+enum class Capability { kDefault, kAvx2, kAvx512 };
+
+Capability torch_capability() {
+  static const Capability cap = [] {
+    const std::string name = at::get_cpu_capability();
+    if (name == "AVX512") return Capability::kAvx512;
+    if (name == "AVX2") return Capability::kAvx2;
+    return Capability::kDefault;
+  }();
+  return cap;
+}
+
+Capability usable_capability() {
+  static const Capability cap = [] {
+    Capability c = torch_capability();
+    if (c == Capability::kAvx512 && pointwise_avx512(c10::ScalarType::Float).forward == nullptr) {
+      c = Capability::kAvx2;
+    }
+    if (c == Capability::kAvx2 && pointwise_avx2(c10::ScalarType::Float).forward == nullptr) {
+      c = Capability::kDefault;
+    }
+    return c;
+  }();
+  return cap;
+}
+
+}  // namespace
+
+PointwiseKernels pointwise_kernels(c10::ScalarType dtype) {
+  switch (usable_capability()) {
+    case Capability::kAvx512:
+      return pointwise_avx512(dtype);
+    case Capability::kAvx2:
+      return pointwise_avx2(dtype);
+    default:
+      return pointwise_default(dtype);
+  }
+}
+
+const char* pointwise_capability() {
+  switch (usable_capability()) {
+    case Capability::kAvx512:
+      return "avx512";
+    case Capability::kAvx2:
+      return "avx2";
+    default:
+      return "default";
+  }
+}
+
+}  // namespace cpu
+}  // namespace lltm
+
+// Which build of the passes runs in this process: "avx512", "avx2" or
+// "default" (tests check that ATEN_CPU_CAPABILITY reaches every build).
+TORCH_LIBRARY_FRAGMENT(lltm, m) {
+  m.def("_fused_cpu_capability() -> str", [] { return std::string(lltm::cpu::pointwise_capability()); });
+}
