@@ -74,6 +74,9 @@ def _info(args: argparse.Namespace) -> int:
     for dev in devices:
         avail = _backends.backends(dev)
         print(f"backends on {dev}: " + ", ".join(f"{n} {'yes' if ok else 'no'}" for n, ok in avail.items()))
+    if _extension.loaded_mode() is not None and hasattr(torch.ops.lltm, "_fused_cpu_capability"):
+        # which build of the fused CPU pass runs here (follows ATEN_CPU_CAPABILITY)
+        print(f"fused CPU kernels: {torch.ops.lltm._fused_cpu_capability()}")
     if torch.cuda.is_available():
         print(f"CUDA devices: {', '.join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))}")
         print(f"torch CUDA arch list: {' '.join(torch.cuda.get_arch_list())}")

@@ -93,7 +93,7 @@ def cuda_memory(module: nn.Module, x: torch.Tensor, grad: torch.Tensor) -> tuple
 
 
 def median_ms(stmt: Callable[[], object], min_run_time: float, label: str) -> float:
-    timer = Timer(stmt="stmt()", globals={"stmt": stmt}, label=label)
+    timer = Timer(stmt="stmt()", globals={"stmt": stmt}, label=label, num_threads=torch.get_num_threads())
     return timer.blocked_autorange(min_run_time=min_run_time).median * 1e3
 
 

@@ -69,8 +69,11 @@ def timer_round(case: Case, min_run_time: float) -> tuple[float, float]:
         case.backward(case.forward())
 
     scope = {"forward": case.forward, "step": step}
-    t_fwd = Timer("forward()", globals=scope).blocked_autorange(min_run_time=min_run_time).median
-    t_step = Timer("step()", globals=scope).blocked_autorange(min_run_time=min_run_time).median
+    # Timer runs with one thread unless told otherwise: time with the
+    # threads the run was set up with (the table's header names them).
+    threads = torch.get_num_threads()
+    t_fwd = Timer("forward()", globals=scope, num_threads=threads).blocked_autorange(min_run_time=min_run_time).median
+    t_step = Timer("step()", globals=scope, num_threads=threads).blocked_autorange(min_run_time=min_run_time).median
     return t_fwd, max(t_step - t_fwd, 0.0)
 
 
