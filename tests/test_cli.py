@@ -27,6 +27,21 @@ def test_check_passes(capsys):
     assert "Forward: python vs aten ... Ok" in out
     assert "Backward: python vs aten ... Ok" in out
     assert "Gradcheck: aten ... Ok" in out
+    assert "Layer backward: python vs aten ... Ok" in out
+    assert "Layer gradcheck: aten ... Ok" in out
+
+
+def test_check_fails_on_a_wrong_layer(monkeypatch, capsys):
+    """A layer whose h_n is off by 1e-6 is reported and exits 1."""
+    real = lltm.functional.lltm
+
+    def off(*args, backend="auto", **kw):
+        out, (h, c) = real(*args, backend=backend, **kw)
+        return (out, (h + 1e-6, c)) if backend == "aten" else (out, (h, c))
+
+    monkeypatch.setattr(check.functional, "lltm", off)
+    assert cli.main(["check"]) == 1
+    assert "Layer forward: python vs aten ... MISMATCH" in capsys.readouterr().out
 
 
 def test_check_fails_on_a_wrong_backend(monkeypatch, capsys):
