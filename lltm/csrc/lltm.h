@@ -111,6 +111,16 @@ SeqBackwardResult aten_seq_backward(
     const at::Tensor& cells, const at::Tensor& gates,
     const std::optional<at::Tensor>& lengths, OutputMask output_mask);
 
+// After a layer's reverse-time loop: grad_input (T, B, I), grad_weights
+// (3S, S + I) and grad_bias (3S,) from d_pre (T, B, 3S), the gradient of
+// every step's gate pre-activations, as one GEMM / reduction each over all
+// T*B rows, with ATen ops (aten/seq_aten.cpp; the fused CPU backend uses it
+// too). An output not asked for is an empty (0,) placeholder.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> seq_parameter_gradients(
+    const at::Tensor& d_pre, const at::Tensor& input, const at::Tensor& weights,
+    const at::Tensor& h0, const at::Tensor& output, bool want_input,
+    bool want_weights, bool want_bias);
+
 // Fused CUDA backend (cuda/cell_forward.cu, cuda/cell_backward.cu), compiled
 // only with CUDA.
 CellForwardResult fused_cell_forward_cuda(const at::Tensor& input,

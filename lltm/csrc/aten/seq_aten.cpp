@@ -104,6 +104,47 @@ SeqForwardResult aten_seq_forward(const at::Tensor& input,
           c.clone(at::MemoryFormat::Contiguous), cells, gates};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> seq_parameter_gradients(
+    const at::Tensor& d_pre, const at::Tensor& input, const at::Tensor& weights,
+    const at::Tensor& h0, const at::Tensor& output, bool want_input,
+    bool want_weights, bool want_bias) {
+  const int64_t steps = input.size(0), batch = input.size(1),
+                features = input.size(2), state = weights.size(0) / 3;
+  const auto options = input.options();
+  const auto not_asked = [&] { return at::empty({0}, options); };
+  const at::Tensor d_all = d_pre.reshape({steps * batch, 3 * state});
+  at::Tensor grad_input = not_asked();
+  if (want_input) {
+    grad_input = d_all.mm(weights.narrow(1, state, features))
+                     .view({steps, batch, features});
+  }
+  at::Tensor grad_weights = not_asked();
+  if (want_weights) {
+    grad_weights = at::empty({3 * state, state + features}, options);
+    at::Tensor gw_h = grad_weights.narrow(1, 0, state);
+    at::Tensor gw_x = grad_weights.narrow(1, state, features);
+    // dW_x = sum_t d_pre_t^T x_t: one GEMM over T*B rows
+    at::mm_out(gw_x, d_all.t(), input.reshape({steps * batch, features}));
+    // dW_h = sum_t d_pre_t^T h_{t-1}, h_{t-1} = h0 at t = 0, else the
+    // output of step t - 1 (equal to the carried h on every row still
+    // inside its length, the only rows with d_pre != 0).
+    if (steps == 0) {
+      gw_h.zero_();
+    } else {
+      at::mm_out(gw_h, d_pre[0].t(), h0);
+      if (steps > 1) {
+        gw_h.addmm_(d_pre.narrow(0, 1, steps - 1)
+                        .reshape({(steps - 1) * batch, 3 * state})
+                        .t(),
+                    output.narrow(0, 0, steps - 1)
+                        .reshape({(steps - 1) * batch, state}));
+      }
+    }
+  }
+  at::Tensor grad_bias = want_bias ? d_all.sum(0) : not_asked();
+  return {grad_input, grad_weights, grad_bias};
+}
+
 SeqBackwardResult aten_seq_backward(
     const std::optional<at::Tensor>& grad_output,
     const std::optional<at::Tensor>& grad_h_n,
@@ -122,9 +163,8 @@ SeqBackwardResult aten_seq_backward(
     return {not_asked(), not_asked(), not_asked(), not_asked(), not_asked()};
   }
   const int64_t steps = input.size(0), batch = input.size(1),
-                features = input.size(2), state = weights.size(0) / 3;
+                state = weights.size(0) / 3;
   const at::Tensor w_h = weights.narrow(1, 0, state);
-  const at::Tensor w_x = weights.narrow(1, state, features);
 
   // Carried gradients of h and c, starting from those of h_n and c_n.
   at::Tensor dh = has(grad_h_n) ? *grad_h_n : at::zeros({batch, state}, options);
@@ -173,35 +213,8 @@ SeqBackwardResult aten_seq_backward(
     }
   }
 
-  const at::Tensor d_all = d_pre.view({steps * batch, 3 * state});
-  at::Tensor grad_input = not_asked();
-  if (want_input) {
-    grad_input = d_all.mm(w_x).view({steps, batch, features});
-  }
-  at::Tensor grad_weights = not_asked();
-  if (want_weights) {
-    grad_weights = at::empty({3 * state, state + features}, options);
-    at::Tensor gw_h = grad_weights.narrow(1, 0, state);
-    at::Tensor gw_x = grad_weights.narrow(1, state, features);
-    // dW_x = sum_t d_pre_t^T x_t: one GEMM over T*B rows
-    at::mm_out(gw_x, d_all.t(), input.reshape({steps * batch, features}));
-    // dW_h = sum_t d_pre_t^T h_{t-1}, h_{t-1} = h0 at t = 0, else the
-    // output of step t - 1 (equal to the carried h on every row still
-    // inside its length, the only rows with d_pre != 0).
-    if (steps == 0) {
-      gw_h.zero_();
-    } else {
-      at::mm_out(gw_h, d_pre[0].t(), h0);
-      if (steps > 1) {
-        gw_h.addmm_(d_pre.narrow(0, 1, steps - 1)
-                        .reshape({(steps - 1) * batch, 3 * state})
-                        .t(),
-                    output.narrow(0, 0, steps - 1)
-                        .reshape({(steps - 1) * batch, state}));
-      }
-    }
-  }
-  at::Tensor grad_bias = want_bias ? d_all.sum(0) : not_asked();
+  auto [grad_input, grad_weights, grad_bias] = seq_parameter_gradients(
+      d_pre, input, weights, h0, output, want_input, want_weights, want_bias);
   // With T = 0 the carried gradients are the incoming ones: copy them, as
   // outputs of an operator must not alias its inputs. Otherwise they are
   // results of the loop.

@@ -107,11 +107,9 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
     return {not_asked(), not_asked(), not_asked(), not_asked(), not_asked()};
   }
   const cpu::PointwiseKernels kernels = cpu::kernels_for(input);
-  const int64_t steps = input.size(0), batch = input.size(1), features = input.size(2),
-                state = weights.size(0) / 3;
+  const int64_t steps = input.size(0), batch = input.size(1), state = weights.size(0) / 3;
   const at::Tensor w = weights.contiguous();
   const at::Tensor w_h = w.narrow(1, 0, state);
-  const at::Tensor w_x = w.narrow(1, state, features);
   const auto acc_options = options.dtype(at::toOpMathType(input.scalar_type()));
 
   // Carried gradients of h (the dtype of the GEMM that produces it) and of c
@@ -145,33 +143,8 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
     }
   }
 
-  const at::Tensor d_all = d_pre.view({steps * batch, 3 * state});
-  at::Tensor grad_input = not_asked();
-  if (want_input) {
-    grad_input = at::empty({steps, batch, features}, options);
-    at::Tensor grad_input_all = grad_input.view({steps * batch, features});
-    at::mm_out(grad_input_all, d_all, w_x);
-  }
-  at::Tensor grad_weights = not_asked();
-  if (want_weights) {
-    grad_weights = at::empty({3 * state, state + features}, options);
-    at::Tensor gw_h = grad_weights.narrow(1, 0, state);
-    at::Tensor gw_x = grad_weights.narrow(1, state, features);
-    // dW_x = sum_t d_pre_t^T x_t: one GEMM over T*B rows
-    at::mm_out(gw_x, d_all.t(), input.reshape({steps * batch, features}));
-    // dW_h = sum_t d_pre_t^T h_{t-1}: h0 at t = 0, else output[t - 1] (the
-    // carried h on every row inside its length, the only rows with d_pre != 0)
-    if (steps == 0) {
-      gw_h.zero_();
-    } else {
-      at::mm_out(gw_h, d_pre[0].t(), h0);
-      if (steps > 1) {
-        gw_h.addmm_(d_pre.narrow(0, 1, steps - 1).view({(steps - 1) * batch, 3 * state}).t(),
-                    output.narrow(0, 0, steps - 1).reshape({(steps - 1) * batch, state}));
-      }
-    }
-  }
-  at::Tensor grad_bias = want_bias ? d_all.sum(0) : not_asked();
+  auto [grad_input, grad_weights, grad_bias] = seq_parameter_gradients(
+      d_pre, input, weights, h0, output, want_input, want_weights, want_bias);
   // dh and dc are this call's own buffers: fresh outputs as they are.
   at::Tensor grad_h0 = want_h0 ? dh : not_asked();
   at::Tensor grad_c0 = not_asked();
