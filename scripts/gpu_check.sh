@@ -103,7 +103,7 @@ for stage in "${stages[@]}"; do
         "$PYTHON" -m pytest tests/test_cuda.py -q -p no:cacheprovider -k "$k"
       grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -n 3 | sed 's/^/          /' | tee -a "$SUMMARY"
       # the sequence kernels: memcheck and racecheck
-      kseq=${SANITIZE_SEQ_K:-"cuda and (test_matches_reference or test_variable_lengths or test_outputs_fully_written)"}
+      kseq=${SANITIZE_SEQ_K:-"(cuda and (test_matches_reference or test_variable_lengths or test_outputs_fully_written)) or test_persistent_cluster_sizes or (test_fused_cuda_paths_match_reference and not 600)"}
       for tool in memcheck racecheck; do
         run_stage sanitize "${SANITIZE_LIMIT:-420}" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
           "$SANITIZER" --tool "$tool" --error-exitcode 3 --print-limit 20 \

@@ -365,15 +365,113 @@ def _outputs_and_grads(fn, args, lengths=None, seed=3):
     return (out, h_n, c_n) + torch.autograd.grad(loss, leaves)
 
 
+def _fused_seq_on_cuda():
+    if not lltm._backends.is_available("fused", "cuda", "seq"):
+        pytest.skip("fused has no sequence operators on cuda")
+
+
+def _has_clusters():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+# (T, B, I, S) for the two time-loop paths of the fused CUDA backend: units
+# and batch rows that divide into no cluster or thread split evenly, one
+# unit, one batch row, and a float64 state whose W_h needs 16-CTA clusters.
+PATH_SHAPES = [(7, 5, 3, 17), (6, 33, 8, 70), (3, 1, 4, 1), (4, 64, 16, 256), (5, 9, 2, 130), (2, 3, 5, 300)]
+
+
+@cuda_only
+@pytest.mark.parametrize("path", ["persistent", "loop"])
+@pytest.mark.parametrize("shape", PATH_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("variant", ["bias", "nobias", "lengths"])
+def test_fused_cuda_paths_match_reference(monkeypatch, path, shape, variant):
+    """Both time loops of the fused CUDA backend (one persistent cluster
+    kernel per direction; the per-step cuBLAS loop) against the float64
+    reference: outputs and every gradient."""
+    _fused_seq_on_cuda()
+    if path == "persistent" and not _has_clusters():
+        pytest.skip("the persistent kernels need thread-block clusters (sm_90)")
+    monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    T, B = shape[:2]
+    args = make_seq(*shape, device="cuda", bias=variant != "nobias", seed=sum(shape))
+    lengths = None
+    if variant == "lengths":
+        gen = torch.Generator().manual_seed(B)
+        lengths = torch.randint(0, T + 1, (B,), generator=gen).cuda()
+    _check("fused", args, lengths=lengths)
+
+
+@cuda_only
+@pytest.mark.parametrize("cluster", ["1", "2", "3", "16"])
+def test_persistent_cluster_sizes(monkeypatch, cluster):
+    """Every cluster size gives the reference's results (the default picks 8
+    or 16): the unit split and the DSMEM exchange do not depend on it."""
+    _fused_seq_on_cuda()
+    if not _has_clusters():
+        pytest.skip("the persistent kernels need thread-block clusters (sm_90)")
+    monkeypatch.setenv("LLTM_SEQ_PATH", "persistent")
+    monkeypatch.setenv("LLTM_SEQ_CLUSTER", cluster)
+    args = make_seq(6, 11, 5, 45, device="cuda", seed=int(cluster))
+    _check("fused", args, lengths=torch.tensor([6, 0, 3, 6, 1, 6, 5, 2, 6, 6, 4], device="cuda"))
+
+
+@cuda_only
+@pytest.mark.parametrize("loss_on", ["output", "h_n", "c_n"])
+@pytest.mark.parametrize("path", ["persistent", "loop"])
+def test_fused_cuda_paths_loss_on_one_output(monkeypatch, loss_on, path):
+    _fused_seq_on_cuda()
+    if path == "persistent" and not _has_clusters():
+        pytest.skip("the persistent kernels need thread-block clusters (sm_90)")
+    monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    _check("fused", make_seq(8, 6, 5, 40, device="cuda", seed=2), loss_on=(loss_on,))
+
+
+@cuda_only
+@pytest.mark.parametrize("path", ["persistent", "loop"])
+def test_fused_cuda_paths_long_float32(monkeypatch, path):
+    """T = 1000 in float32: the error against float64 is at most twice that
+    of the per-step PyTorch reference in float32 (the recurrence amplifies
+    round-off over 1000 steps, in any implementation)."""
+    _fused_seq_on_cuda()
+    if path == "persistent" and not _has_clusters():
+        pytest.skip("the persistent kernels need thread-block clusters (sm_90)")
+    monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    args = make_seq(1000, 16, 32, 128, device="cuda", dtype=torch.float32, seed=4)
+    got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args)
+    plain = _outputs_and_grads(lltm_reference, args)
+    ref = _outputs_and_grads(lltm_reference, [a.detach().double().requires_grad_() for a in args])
+    for name, g, p, r in zip(("output", "h_n", "c_n") + NAMES, got, plain, ref):
+        err, err_plain = _rel_err(g, r), _rel_err(p, r)
+        assert err <= 2 * err_plain + 1e-6, f"{name}: error {err:.2e} > 2 x plain PyTorch's {err_plain:.2e}"
+
+
+def test_bad_sequence_path_is_a_clear_error(monkeypatch):
+    """A wrong LLTM_SEQ_PATH / LLTM_SEQ_CLUSTER names the setting and its values."""
+    if not (torch.cuda.is_available() and lltm._backends.is_available("fused", "cuda", "seq")):
+        pytest.skip("needs the fused sequence operators on CUDA")
+    args = make_seq(2, 2, 3, 4, device="cuda", dtype=torch.float32, requires_grad=False)
+    monkeypatch.setenv("LLTM_SEQ_PATH", "fast")
+    with pytest.raises(RuntimeError, match="LLTM_SEQ_PATH=fast is not a sequence path"):
+        functional.lltm(*args, backend="fused")
+    if _has_clusters():
+        monkeypatch.setenv("LLTM_SEQ_PATH", "persistent")
+        monkeypatch.setenv("LLTM_SEQ_CLUSTER", "40")
+        with pytest.raises(RuntimeError, match="LLTM_SEQ_CLUSTER=40 must be a cluster size"):
+            functional.lltm(*args, backend="fused")
+
+
 @cuda_only
 @pytest.mark.parametrize("backend", COMPILED)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("lengths", [None, [20, 3, 11, 0]], ids=["full", "lengths"])
-def test_half_precision_within_twice_plain_pytorch(backend, dtype, lengths):
+@pytest.mark.parametrize("path", ["auto", "loop"])
+def test_half_precision_within_twice_plain_pytorch(monkeypatch, backend, dtype, lengths, path):
     """The error against float64 is at most twice that of the per-step
     PyTorch reference run in the same dtype; every output is written."""
     if not lltm._backends.is_available(backend, "cuda", "seq"):
         pytest.skip(f"{backend} has no sequence operators on cuda")
+    if path == "loop":
+        monkeypatch.setenv("LLTM_SEQ_PATH", "loop")
     args = make_seq(20, 4, 24, 64, device="cuda", dtype=dtype, seed=5)
     lens = None if lengths is None else torch.tensor(lengths, device="cuda")
     got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend=backend, **k), args, lens)
@@ -405,11 +503,14 @@ def test_outputs_fully_written(backend):
 
 @cuda_only
 @pytest.mark.parametrize("backend", COMPILED)
-def test_cuda_graph_capture_and_replay(backend):
+@pytest.mark.parametrize("path", ["auto", "loop"])
+def test_cuda_graph_capture_and_replay(monkeypatch, backend, path):
     """Forward and backward of a whole layer captured in one CUDA graph (no
     host synchronisation inside), replayed on new inputs."""
     if not lltm._backends.is_available(backend, "cuda", "seq"):
         pytest.skip(f"{backend} has no sequence operators on cuda")
+    if path == "loop":
+        monkeypatch.setenv("LLTM_SEQ_PATH", "loop")
     T, B, I, S = 12, 8, 16, 32
     static = [a.detach().requires_grad_() for a in make_seq(T, B, I, S, device="cuda", dtype=torch.float32)]
     static_g = [torch.randn(T, B, S, device="cuda"), torch.randn(B, S, device="cuda")]

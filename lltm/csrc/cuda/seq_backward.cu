@@ -1,7 +1,9 @@
 // Backward of the fused CUDA sequence operator: lltm::fused_seq_backward.
 //
-// Reverse-time loop, per step: one pointwise kernel (d_pre_t from the carried
-// dh and dc, dc updated in place) and one cuBLAS GEMM d h_{t-1} = d_pre_t W_h.
+// Reverse-time loop: one launch of the persistent cluster kernel
+// (seq_persistent.cu) where W_h fits on chip; otherwise, per step, one
+// pointwise kernel (d_pre_t from the carried dh and dc, dc updated in place)
+// and one cuBLAS GEMM d h_{t-1} = d_pre_t W_h.
 // After the loop, over all T*B rows at once:
 //   grad_input           = d_pre W_x                    (one GEMM)
 //   grad_weights[:, S:]  = d_pre^T x                    (one GEMM)
@@ -22,6 +24,7 @@
 #include "../lltm.h"
 #include "blas.h"
 #include "launch_utils.h"
+#include "seq_persistent.h"
 #include "seq_pointwise.cuh"
 
 namespace lltm {
@@ -34,6 +37,75 @@ constexpr const char* kOp = "lltm::fused_seq_backward";
 
 bool has(const std::optional<at::Tensor>& t) {
   return t.has_value() && t->defined();
+}
+
+// The reverse-time loop over cuBLAS: d_pre, and grad_h0 / grad_c0 where
+// wanted.
+void step_loop(const std::optional<at::Tensor>& grad_h_n,
+               const std::optional<at::Tensor>& grad_c_n, const at::Tensor& g_out,
+               const at::Tensor& cell_states, const at::Tensor& act,
+               const at::Tensor& lens, const RowMajor& w, at::Tensor& d_pre,
+               at::Tensor& grad_h0, at::Tensor& grad_c0, bool want_h0,
+               bool want_c0) {
+  const int64_t steps = d_pre.size(0), batch = d_pre.size(1),
+                S3 = d_pre.size(2), state = S3 / 3;
+  const auto options = d_pre.options();
+  const c10::ScalarType dtype = d_pre.scalar_type();
+  const bool masked = lens.defined();
+  const char* w_ptr = static_cast<const char*>(w.tensor.const_data_ptr());
+  // Carried gradients: dh in two (B, S) buffers written in turn (the GEMM
+  // reads one and writes the other), dc in float for half and bfloat16.
+  at::Tensor dh = at::empty({2, batch, state}, options);
+  if (has(grad_h_n)) {
+    dh[steps % 2].copy_(*grad_h_n);
+  } else {
+    dh[steps % 2].zero_();
+  }
+  at::Tensor dc = has(grad_c_n)
+                      ? grad_c_n->to(options.dtype(at::toOpMathType(dtype)),
+                                     /*non_blocking=*/false, /*copy=*/true,
+                                     at::MemoryFormat::Contiguous)
+                      : at::zeros({batch, state},
+                                  options.dtype(at::toOpMathType(dtype)));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t n = batch * state;
+  const unsigned int blocks = grid_size(std::max<int64_t>(
+      1, std::min<int64_t>(ceil_div(n, kSeqPointwiseThreads),
+                           int64_t(sm_count(d_pre.get_device())) * 8)));
+
+  // Buffer roles: step t reads dh[(t + 1) % 2] (the gradient of h_t carried
+  // from step t + 1) and writes d h_{t-1} into dh[t % 2]; so step T - 1
+  // reads dh[T % 2], where grad_h_n was put above.
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, dtype, "lltm_fused_seq_backward", [&] {
+        using acc_t = at::opmath_type<scalar_t>;
+        scalar_t* dh_base = dh.mutable_data_ptr<scalar_t>();
+        for (int64_t t = steps - 1; t >= 0; --t) {
+          const scalar_t* dh_in = dh_base + ((t + 1) % 2) * n;
+          scalar_t* dh_out = dh_base + (t % 2) * n;
+          scalar_t* dp = d_pre.mutable_data_ptr<scalar_t>() + t * batch * S3;
+          seq_backward_step_kernel<scalar_t>
+              <<<blocks, kSeqPointwiseThreads, 0, stream>>>(
+                  dh_in,
+                  g_out.defined() ? g_out.const_data_ptr<scalar_t>() + t * n
+                                  : nullptr,
+                  dc.mutable_data_ptr<acc_t>(),
+                  cell_states.const_data_ptr<scalar_t>() + t * n,
+                  act.const_data_ptr<scalar_t>() + t * batch * S3,
+                  masked ? lens.const_data_ptr<int64_t>() : nullptr, t, dp,
+                  masked ? dh_out : nullptr, batch, state);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          if (t > 0 || want_h0) {
+            // d h_{t-1} (+)= d_pre_t W_h: (B, S) = (B, 3S) (3S, S); with
+            // lengths it adds to the carried gh of rows past their length.
+            const Gemm recurrent = {false, false, batch, state, S3, dp, S3,
+                                    w_ptr, w.ld, masked, dh_out, state};
+            run_gemms(dtype, &recurrent, 1);
+          }
+        }
+      });
+  if (want_h0) grad_h0.copy_(dh[0]);  // step 0 wrote dh[0]
+  if (want_c0) grad_c0.copy_(dc);
 }
 
 }  // namespace
@@ -92,66 +164,21 @@ SeqBackwardResult fused_seq_backward_cuda(
   const at::Tensor act = gates.contiguous();
   const at::Tensor out = output.contiguous();
   const at::Tensor g_out = has(grad_output) ? grad_output->contiguous() : at::Tensor();
-  const bool masked = has(lengths);
-  const at::Tensor lens = masked ? lengths->contiguous() : at::Tensor();
+  const at::Tensor lens = has(lengths) ? lengths->contiguous() : at::Tensor();
   const RowMajor w = as_row_major(weights);
   const int64_t elem = input.element_size();
   const char* w_ptr = static_cast<const char*>(w.tensor.const_data_ptr());
 
-  // Carried gradients: dh in two (B, S) buffers written in turn (the GEMM
-  // reads one and writes the other), dc in float for half and bfloat16.
-  at::Tensor dh = at::empty({2, batch, state}, options);
-  if (has(grad_h_n)) {
-    dh[steps % 2].copy_(*grad_h_n);
-  } else {
-    dh[steps % 2].zero_();
-  }
-  at::Tensor dc = has(grad_c_n)
-                      ? grad_c_n->to(options.dtype(at::toOpMathType(dtype)),
-                                     /*non_blocking=*/false, /*copy=*/true,
-                                     at::MemoryFormat::Contiguous)
-                      : at::zeros({batch, state},
-                                  options.dtype(at::toOpMathType(dtype)));
   at::Tensor d_pre = at::empty({steps, batch, S3}, options);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int64_t n = batch * state;
-  const unsigned int blocks = grid_size(std::max<int64_t>(
-      1, std::min<int64_t>(ceil_div(n, kSeqPointwiseThreads),
-                           int64_t(sm_count(input.get_device())) * 8)));
-
-  // Buffer roles: step t reads dh[(t + 1) % 2] (the gradient of h_t carried
-  // from step t + 1) and writes d h_{t-1} into dh[t % 2]; so step T - 1
-  // reads dh[T % 2], where grad_h_n was put above.
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, dtype, "lltm_fused_seq_backward", [&] {
-        using acc_t = at::opmath_type<scalar_t>;
-        scalar_t* dh_base = dh.mutable_data_ptr<scalar_t>();
-        for (int64_t t = steps - 1; t >= 0; --t) {
-          const scalar_t* dh_in = dh_base + ((t + 1) % 2) * n;
-          scalar_t* dh_out = dh_base + (t % 2) * n;
-          scalar_t* dp = d_pre.mutable_data_ptr<scalar_t>() + t * batch * S3;
-          seq_backward_step_kernel<scalar_t>
-              <<<blocks, kSeqPointwiseThreads, 0, stream>>>(
-                  dh_in,
-                  g_out.defined() ? g_out.const_data_ptr<scalar_t>() + t * n
-                                  : nullptr,
-                  dc.mutable_data_ptr<acc_t>(),
-                  cell_states.const_data_ptr<scalar_t>() + t * n,
-                  act.const_data_ptr<scalar_t>() + t * batch * S3,
-                  masked ? lens.const_data_ptr<int64_t>() : nullptr, t, dp,
-                  masked ? dh_out : nullptr, batch, state);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
-          if (t > 0 || want_h0) {
-            // d h_{t-1} (+)= d_pre_t W_h: (B, S) = (B, 3S) (3S, S); with
-            // lengths it adds to the carried gh of rows past their length.
-            const Gemm recurrent = {false, false, batch, state, S3, dp, S3,
-                                    w_ptr, w.ld, masked, dh_out, state};
-            run_gemms(dtype, &recurrent, 1);
-          }
-        }
-      });
-  if (want_h0) grad_h0.copy_(dh[0]);  // step 0 wrote dh[0]
-  if (want_c0) grad_c0.copy_(dc);
+  const bool persistent = seq_backward_persistent(
+      g_out, has(grad_h_n) ? grad_h_n->contiguous() : at::Tensor(),
+      has(grad_c_n) ? grad_c_n->contiguous() : at::Tensor(), w, cell_states,
+      act, lens, d_pre, want_h0 ? grad_h0 : at::Tensor(),
+      want_c0 ? grad_c0 : at::Tensor());
+  if (!persistent) {
+    step_loop(grad_h_n, grad_c_n, g_out, cell_states, act, lens, w, d_pre,
+              grad_h0, grad_c0, want_h0, want_c0);
+  }
 
   const void* d_all = d_pre.const_data_ptr();
   const at::Tensor x = want_weights ? input.contiguous() : at::Tensor();

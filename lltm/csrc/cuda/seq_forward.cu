@@ -1,11 +1,13 @@
 // Forward of the fused CUDA sequence operator: lltm::fused_seq_forward.
 //
 // The input projection of all T steps is one cuBLAS GEMM over T*B rows,
-// written into the gates buffer; then each step is one GEMM that adds
-// h_{t-1} W_h^T into gates[t] and one pointwise kernel (bias, activations,
-// cell update, tanh, the length mask) that writes gates[t], cells[t] and
-// output[t]. The loop runs on the host over asynchronous launches on the
-// current stream: no synchronisation, capturable in a CUDA graph.
+// written into the gates buffer. Then the time loop: one launch of the
+// persistent cluster kernel (seq_persistent.cu) where W_h fits on chip;
+// otherwise, per step, one GEMM that adds h_{t-1} W_h^T into gates[t] and one
+// pointwise kernel (bias, activations, cell update, tanh, the length mask)
+// that writes gates[t], cells[t] and output[t]. Either way the host only
+// queues asynchronous launches on the current stream: no synchronisation,
+// capturable in a CUDA graph.
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -14,6 +16,7 @@
 #include "../lltm.h"
 #include "blas.h"
 #include "launch_utils.h"
+#include "seq_persistent.h"
 #include "seq_pointwise.cuh"
 
 namespace lltm {
@@ -85,6 +88,10 @@ SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,
                              x.const_data_ptr(), features, w_ptr + state * elem,
                              w.ld, false, gates.mutable_data_ptr(), S3};
     run_gemms(dtype, &projection, 1);
+  }
+  if (seq_forward_persistent(gates, w, b, h_init, c_init, lens, output, cells,
+                             h_n, c_n)) {
+    return {output, h_n, c_n, cells, gates};
   }
 
   AT_DISPATCH_FLOATING_TYPES_AND2(
