@@ -63,9 +63,8 @@ def _seq_forward_fake(op: str) -> Callable:
         output = input.new_empty((steps, batch, state))
         h_n = input.new_empty((batch, state))
         c_n = input.new_empty((batch, state))
-        cells = input.new_empty((steps, batch, state))
         gates = input.new_empty((steps, batch, 3 * state))
-        return output, h_n, c_n, cells, gates
+        return output, h_n, c_n, gates
 
     return fake
 
@@ -78,8 +77,8 @@ def _seq_backward_fake(op: str) -> Callable:
         input: Tensor,
         weights: Tensor,
         h0: Tensor,
+        c0: Tensor,
         output: Tensor,
-        cells: Tensor,
         gates: Tensor,
         lengths: Optional[Tensor],
         output_mask: list[bool],

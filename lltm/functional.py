@@ -97,7 +97,7 @@ def lltm(
         lengths = lengths.to(device=input.device, dtype=torch.int64)
     name = _backends.resolve(backend, input.device.type)
     if _backends.has_seq_ops(name, input.device.type):
-        output, h_n, c_n, _, _ = _forward_op(name, "seq")(input, weights, bias, h0, c0, lengths)
+        output, h_n, c_n, _ = _forward_op(name, "seq")(input, weights, bias, h0, c0, lengths)
         return output, (h_n, c_n)
     check_seq_args(op_name, input, weights, bias, h0, c0, lengths)
     if name == "python":

@@ -187,12 +187,12 @@ def test_opcheck_sequence_and_cell(dtype):
     lengths = torch.tensor([3, 1, 0, 2])
     for bias, lens in ((b, None), (None, lengths)):
         torch.library.opcheck(torch.ops.lltm.fused_seq_forward.default, (x, W, bias, h0, c0, lens))
-        out, h_n, c_n, cells, gates = torch.ops.lltm.fused_seq_forward(x, W, bias, h0, c0, lens)
+        out, h_n, c_n, gates = torch.ops.lltm.fused_seq_forward(x, W, bias, h0, c0, lens)
         go, gh, gc = torch.randn_like(out), torch.randn_like(h_n), torch.randn_like(c_n)
         for mask in ([True] * 5, [False, True, False, True, False]):
             for grads in ((go, gh, gc), (go, None, None), (None, gh, None)):
                 torch.library.opcheck(
-                    torch.ops.lltm.fused_seq_backward.default, (*grads, x, W, h0, out, cells, gates, lens, mask)
+                    torch.ops.lltm.fused_seq_backward.default, (*grads, x, W, h0, c0, out, gates, lens, mask)
                 )
     args = make_inputs(4, 5, 9, dtype=dtype, requires_grad=False)
     torch.library.opcheck(torch.ops.lltm.fused_cell_forward.default, args)

@@ -211,7 +211,7 @@ def test_opcheck_backward(device, backend, shape, grads, mask):
     T, B, _, S = shape
     x, W, b, h0, c0 = make_seq(*shape, device=device, requires_grad=False)
     lengths = torch.arange(B, device=device) % (T + 1) if grads == "state" else None
-    out, _, _, cells, gates = _seq_op(backend, "forward")(x, W, b, h0, c0, lengths)
+    out, _, _, gates = _seq_op(backend, "forward")(x, W, b, h0, c0, lengths)
 
     def rand(*s):
         return torch.randn(*s, dtype=torch.float64, device=device)
@@ -219,7 +219,7 @@ def test_opcheck_backward(device, backend, shape, grads, mask):
     g_out = rand(T, B, S) if grads in ("all", "output") else None
     g_h = rand(B, S) if grads in ("all", "state") else None
     g_c = rand(B, S) if grads in ("all", "state") else None
-    args = (g_out, g_h, g_c, x, W, h0, out, cells, gates, lengths, mask)
+    args = (g_out, g_h, g_c, x, W, h0, c0, out, gates, lengths, mask)
     opcheck(_seq_op(backend, "backward"), args)
     for t, asked in zip(_seq_op(backend, "backward")(*args), mask):
         assert asked or t.shape == (0,)
@@ -239,6 +239,23 @@ def test_layout_matches_fake(device, backend):
         fake = _seq_op(backend, "forward")(*[None if a is None else mode.from_tensor(a) for a in args])
     for r, f in zip(real, fake):
         assert r.shape == f.shape and r.stride() == f.stride() and r.dtype == f.dtype
+
+
+@pytest.mark.parametrize("device,backend", backend_params(backends=COMPILED))
+def test_saves_no_cell_states(device, backend):
+    """Backward recomputes the cell states from c0 and the gates: a layer
+    saves input, weights, h0, c0, output and gates, nothing of (T, B, S)
+    besides the output."""
+    if not lltm._backends.is_available(backend, device, "seq"):
+        pytest.skip(f"{backend} has no sequence operators on {device}")
+    T, B, I, S = 6, 3, 4, 5
+    args = make_seq(T, B, I, S, device=device)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out, _ = functional.lltm(*args, backend=backend)
+    shapes = sorted(tuple(t.shape) for t in saved)
+    assert shapes == sorted([(T, B, I), (3 * S, S + I), (B, S), (B, S), (T, B, S), (T, B, 3 * S)]), shapes
+    assert any(t is out or t.data_ptr() == out.data_ptr() for t in saved)
 
 
 @pytest.mark.parametrize("device,backend", backend_params(backends=COMPILED))

@@ -1,6 +1,7 @@
 // Autograd of the sequence operators: one node for a whole layer over T
 // steps, whatever T. Forward calls `<backend>_seq_forward` below autograd
-// and saves the inputs, the output and the per-step cells and gates;
+// and saves the inputs, the output and the per-step activated gates (not the
+// cell states: backward recomputes them from c0 and the gates);
 // backward is `<backend>_seq_backward` (the reverse-time loop and the
 // weight gradients over all T*B rows), called through the dispatcher.
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -43,17 +44,17 @@ class SeqFunction : public torch::autograd::Function<SeqFunction<kBackend>> {
             .findSchemaOrThrow(op_name(kBackend, "seq_forward").c_str(), "")
             .template typed<ForwardSig>();
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [output, h_n, c_n, cells, gates] =
+    auto [output, h_n, c_n, gates] =
         op.call(input, weights, bias, h0, c0, lengths);
-    // c0 is not needed (d c_t / d c_{t-1} = 1), nor the bias.
-    ctx->save_for_backward({input, weights, h0, output, cells, gates,
+    // Not the bias: its gradient needs no value of it.
+    ctx->save_for_backward({input, weights, h0, c0, output, gates,
                             lengths.value_or(at::Tensor())});
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
-    ctx->mark_non_differentiable({cells, gates});
+    ctx->mark_non_differentiable({gates});
     // Undefined output gradients (a loss on the output alone, say) are
     // passed on as such: the op skips their terms instead of adding zeros.
     ctx->set_materialize_grads(false);
-    return {output, h_n, c_n, cells, gates};
+    return {output, h_n, c_n, gates};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -66,7 +67,7 @@ class SeqFunction : public torch::autograd::Function<SeqFunction<kBackend>> {
     variable_list out;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      // grads[3..4] belong to the non-differentiable cells and gates.
+      // grads[3] belongs to the non-differentiable gates.
       out = asked_only(
           op.call(defined_or_none(grads[0]), defined_or_none(grads[1]),
                   defined_or_none(grads[2]), saved[0], saved[1], saved[2],
@@ -88,7 +89,7 @@ SeqForwardResult seq_forward_autograd(const at::Tensor& input,
                                       const OptTensor& lengths) {
   auto out = SeqFunction<kBackend>::apply(input, weights, bias, h0, c0,
                                           lengths);
-  return {out[0], out[1], out[2], out[3], out[4]};
+  return {out[0], out[1], out[2], out[3]};
 }
 
 }  // namespace

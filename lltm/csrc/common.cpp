@@ -165,8 +165,8 @@ void check_seq_backward_args(const char* op,
                              const std::optional<at::Tensor>& grad_h_n,
                              const std::optional<at::Tensor>& grad_c_n,
                              const at::Tensor& input, const at::Tensor& weights,
-                             const at::Tensor& h0, const at::Tensor& output,
-                             const at::Tensor& cells, const at::Tensor& gates,
+                             const at::Tensor& h0, const at::Tensor& c0,
+                             const at::Tensor& output, const at::Tensor& gates,
                              const std::optional<at::Tensor>& lengths) {
   check_rank(op, input, "input", 3, "(seq_len, batch, input_features)");
   check_dtype(op, input);
@@ -175,6 +175,7 @@ void check_seq_backward_args(const char* op,
   const int64_t batch = input.size(1);
   const int64_t state = weights.size(0) / 3;
   check_state(op, h0, "h0", batch, state, input);
+  check_state(op, c0, "c0", batch, state, input);
   for (const auto& [t, name] :
        {std::pair<const std::optional<at::Tensor>*, const char*>{&grad_h_n,
                                                                  "grad_h_n"},
@@ -184,13 +185,9 @@ void check_seq_backward_args(const char* op,
     }
   }
   const char* layout = "(seq_len, batch, state_size)";
-  for (const auto& [t, name] :
-       {std::pair<const at::Tensor*, const char*>{&output, "output"},
-        {&cells, "cells"}}) {
-    check_rank(op, *t, name, 3, layout);
-    check_shape(op, *t, name, {steps, batch, state}, layout);
-    check_like(op, *t, name, input, "input");
-  }
+  check_rank(op, output, "output", 3, layout);
+  check_shape(op, output, "output", {steps, batch, state}, layout);
+  check_like(op, output, "output", input, "input");
   if (grad_output.has_value() && grad_output->defined()) {
     check_rank(op, *grad_output, "grad_output", 3, layout);
     check_shape(op, *grad_output, "grad_output", {steps, batch, state}, layout);

@@ -20,9 +20,10 @@
 //   output   (T, B, S)  h_t; 0 where t >= lengths[b]
 //   h_n, c_n (B, S)     the state after each row's last step (h0, c0 for
 //                       a row of length 0)
-//   cells    (T, B, S)  c_t (rows past their length: their last c)
 //   gates    (T, B, 3S) activated gates of every step (0 past a row's length)
-// cells and gates are what backward needs besides the inputs and output.
+// gates is what backward needs besides the inputs and output: the cell
+// states are not saved, backward recomputes them as
+// c_t = c0 + sum_{s <= t} candidate_s * input_gate_s (seq_cells).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -43,9 +44,9 @@ using CellBackwardResult =
 // one per output (outputs of an operator must not alias each other).
 using OutputMask = std::array<bool, 5>;
 
-// (output, h_n, c_n, cells, gates)
+// (output, h_n, c_n, gates)
 using SeqForwardResult =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 // (grad_input, grad_weights, grad_bias, grad_h0, grad_c0); output_mask as
 // for the cell.
 using SeqBackwardResult = CellBackwardResult;
@@ -79,8 +80,8 @@ void check_seq_backward_args(const char* op,
                              const std::optional<at::Tensor>& grad_h_n,
                              const std::optional<at::Tensor>& grad_c_n,
                              const at::Tensor& input, const at::Tensor& weights,
-                             const at::Tensor& h0, const at::Tensor& output,
-                             const at::Tensor& cells, const at::Tensor& gates,
+                             const at::Tensor& h0, const at::Tensor& c0,
+                             const at::Tensor& output, const at::Tensor& gates,
                              const std::optional<at::Tensor>& lengths);
 
 // ATen backend (aten/cell_aten.cpp, aten/seq_aten.cpp): ATen ops only, so it runs on any device.
@@ -107,8 +108,8 @@ SeqBackwardResult aten_seq_backward(
     const std::optional<at::Tensor>& grad_output,
     const std::optional<at::Tensor>& grad_h_n,
     const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
-    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& output,
-    const at::Tensor& cells, const at::Tensor& gates,
+    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& c0,
+    const at::Tensor& output, const at::Tensor& gates,
     const std::optional<at::Tensor>& lengths, OutputMask output_mask);
 
 // After a layer's reverse-time loop: grad_input (T, B, I), grad_weights
@@ -116,6 +117,12 @@ SeqBackwardResult aten_seq_backward(
 // every step's gate pre-activations, as one GEMM / reduction each over all
 // T*B rows, with ATen ops (aten/seq_aten.cpp; the fused CPU backend uses it
 // too). An output not asked for is an empty (0,) placeholder.
+// The cell states c_t (T, B, S) of a layer from c0 (B, S) and its saved
+// activated gates (T, B, 3S): c0 + the running sum over t of candidate *
+// input_gate (zero past a row's length, so c carries over there), summed in
+// float for half and bfloat16 (aten/seq_aten.cpp; every backend's backward).
+at::Tensor seq_cells(const at::Tensor& c0, const at::Tensor& gates);
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> seq_parameter_gradients(
     const at::Tensor& d_pre, const at::Tensor& input, const at::Tensor& weights,
     const at::Tensor& h0, const at::Tensor& output, bool want_input,
@@ -147,8 +154,8 @@ SeqBackwardResult fused_seq_backward_cuda(
     const std::optional<at::Tensor>& grad_output,
     const std::optional<at::Tensor>& grad_h_n,
     const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
-    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& output,
-    const at::Tensor& cells, const at::Tensor& gates,
+    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& c0,
+    const at::Tensor& output, const at::Tensor& gates,
     const std::optional<at::Tensor>& lengths, OutputMask output_mask);
 // Comma-separated list of the architectures the CUDA sources were built for,
 // as nvcc's __CUDA_ARCH_LIST__ spells them (e.g. "900" or "800,900").

@@ -49,12 +49,11 @@ void define_backend(torch::Library& m, const std::string& b) {
   // the output alone leaves grad_h_n and grad_c_n undefined).
   m.def((b + "_seq_forward(Tensor input, Tensor weights, Tensor? bias, "
              "Tensor h0, Tensor c0, Tensor? lengths) -> "
-             "(Tensor output, Tensor h_n, Tensor c_n, Tensor cells, "
-             "Tensor gates)")
+             "(Tensor output, Tensor h_n, Tensor c_n, Tensor gates)")
             .c_str());
   m.def((b + "_seq_backward(Tensor? grad_output, Tensor? grad_h_n, "
              "Tensor? grad_c_n, Tensor input, Tensor weights, Tensor h0, "
-             "Tensor output, Tensor cells, Tensor gates, Tensor? lengths, "
+             "Tensor c0, Tensor output, Tensor gates, Tensor? lengths, "
              "bool[5] output_mask) -> "
              "(Tensor grad_input, Tensor grad_weights, Tensor grad_bias, "
              "Tensor grad_h0, Tensor grad_c0)")

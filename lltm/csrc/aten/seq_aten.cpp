@@ -22,6 +22,7 @@
 // every P and A vanish on those rows, so d_pre = 0 and dc passes through;
 // dh passes through by one extra term per step.
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 #include <torch/library.h>
 
 #include "../lltm.h"
@@ -56,11 +57,10 @@ SeqForwardResult aten_seq_forward(const at::Tensor& input,
                 features = input.size(2), state = weights.size(0) / 3;
   const auto options = input.options();
   at::Tensor output = at::empty({steps, batch, state}, options);
-  at::Tensor cells = at::empty({steps, batch, state}, options);
   at::Tensor gates = at::empty({steps, batch, 3 * state}, options);
   if (steps == 0) {
     return {output, h0.clone(at::MemoryFormat::Contiguous),
-            c0.clone(at::MemoryFormat::Contiguous), cells, gates};
+            c0.clone(at::MemoryFormat::Contiguous), gates};
   }
   // W_h^T (S, 3S) and W_x^T (I, 3S) as contiguous copies, made once: a
   // transposed view of a row-major matrix is the slower GEMM operand on CPU
@@ -92,16 +92,28 @@ SeqForwardResult aten_seq_forward(const at::Tensor& input,
     at::elu_(candidate);
     if (masked) g.mul_(mask[t]);
     // c_t = c + elu(z_c) * i;  h_t = tanh(c_t) * o
-    at::Tensor c_t = cells[t];
+    const at::Tensor c_t = at::addcmul(c, candidate, g.narrow(1, 0, state));
     at::Tensor h_t = output[t];
-    at::addcmul_out(c_t, c, candidate, g.narrow(1, 0, state));
     at::tanh_out(h_t, c_t).mul_(g.narrow(1, state, state));
     // Past its length a row's output is 0 and its h is carried.
     h = masked ? at::addcmul(h_t, h, unmask[t]) : h_t;
     c = c_t;
   }
   return {output, h.clone(at::MemoryFormat::Contiguous),
-          c.clone(at::MemoryFormat::Contiguous), cells, gates};
+          c.clone(at::MemoryFormat::Contiguous), gates};
+}
+
+at::Tensor seq_cells(const at::Tensor& c0, const at::Tensor& gates) {
+  const int64_t steps = gates.size(0), state = gates.size(2) / 3;
+  const c10::ScalarType dtype = gates.scalar_type();
+  if (steps == 0) return at::empty({0, c0.size(0), state}, gates.options());
+  const c10::ScalarType acc = at::toOpMathType(dtype);
+  // c_t = c_{t-1} + candidate_t * input_gate_t, summed in the forward's
+  // order: c0 goes into the first increment, then a running sum over t.
+  at::Tensor increments = gates.narrow(2, 2 * state, state).to(acc) *
+                          gates.narrow(2, 0, state).to(acc);
+  increments[0].add_(c0.to(acc));
+  return at::cumsum(increments, 0).to(dtype);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> seq_parameter_gradients(
@@ -149,11 +161,11 @@ SeqBackwardResult aten_seq_backward(
     const std::optional<at::Tensor>& grad_output,
     const std::optional<at::Tensor>& grad_h_n,
     const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
-    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& output,
-    const at::Tensor& cells, const at::Tensor& gates,
+    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& c0,
+    const at::Tensor& output, const at::Tensor& gates,
     const std::optional<at::Tensor>& lengths, OutputMask output_mask) {
   check_seq_backward_args(kBackwardOp, grad_output, grad_h_n, grad_c_n, input,
-                          weights, h0, output, cells, gates, lengths);
+                          weights, h0, c0, output, gates, lengths);
   const auto options = input.options();
   const auto not_asked = [&] { return at::empty({0}, options); };
   const bool want_input = output_mask[0], want_weights = output_mask[1],
@@ -178,7 +190,7 @@ SeqBackwardResult aten_seq_backward(
     at::Tensor p_i = d_pre.narrow(2, 0, state);
     at::Tensor p_o = d_pre.narrow(2, state, state);
     at::Tensor p_c = d_pre.narrow(2, 2 * state, state);
-    const at::Tensor tanh_cells = at::tanh(cells);
+    const at::Tensor tanh_cells = at::tanh(seq_cells(c0, gates));
     // A = o (1 - tanh(c)^2): d c_t / d h_t through h_t = tanh(c_t) o
     const at::Tensor a = at::tanh_backward(o, tanh_cells);
     // d sigmoid(z) = s (1 - s);  d elu(z) = 1 if z > 0 else elu(z) + 1

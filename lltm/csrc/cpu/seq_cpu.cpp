@@ -47,11 +47,9 @@ SeqForwardResult fused_seq_forward_cpu(const at::Tensor& input,                 
                 state = weights.size(0) / 3;
   const auto options = input.options();
   at::Tensor output = at::empty({steps, batch, state}, options);
-  at::Tensor cells = at::empty({steps, batch, state}, options);
   at::Tensor gates = at::empty({steps, batch, 3 * state}, options);
   if (steps == 0) {
-    return {output, h0.clone(at::MemoryFormat::Contiguous), c0.clone(at::MemoryFormat::Contiguous), cells,
-            gates};
+    return {output, h0.clone(at::MemoryFormat::Contiguous), c0.clone(at::MemoryFormat::Contiguous), gates};
   }
   const at::Tensor w = weights.contiguous();
   const at::Tensor w_h = w.narrow(1, 0, state);         // (3S, S)
@@ -72,18 +70,21 @@ SeqForwardResult fused_seq_forward_cpu(const at::Tensor& input,                 
   // packing W_h again on every call (16 x 128 x 384: 10 us a step instead of
   // 17 us, for a copy of ~35 us once per sequence).
   const at::Tensor w_h_t = w_h.t().contiguous();  // (S, 3S)
+  // c_t in two (B, S) buffers written in turn (backward recomputes the
+  // cell states, so they are not kept).
+  at::Tensor c_buf = at::empty({2, batch, state}, options);
   const int64_t* len_ptr = masked ? len.const_data_ptr<int64_t>() : nullptr;
   for (int64_t t = 0; t < steps; ++t) {
     const at::Tensor h_prev = masked ? h_carry : (t == 0 ? h0 : output[t - 1]);
     at::mm_out(hproj, h_prev, w_h_t);
-    const void* c_prev = t == 0 ? c_init.const_data_ptr() : step_ptr(cells, t - 1);
+    const void* c_prev = t == 0 ? c_init.const_data_ptr() : step_ptr(c_buf, (t - 1) % 2);
     const cpu::ForwardStep step{step_ptr(gates, t), hproj.const_data_ptr(), cpu::ptr_or_null(b), c_prev,
-                                step_ptr(cells, t), step_ptr(output, t),
+                                step_ptr(c_buf, t % 2), step_ptr(output, t),
                                 masked ? h_carry.data_ptr() : nullptr, len_ptr, t, state};
     for_rows(batch, state, [&](int64_t begin, int64_t end) { kernels.forward(step, begin, end); });
   }
   at::Tensor h_n = masked ? h_carry : output[steps - 1].clone(at::MemoryFormat::Contiguous);
-  return {output, h_n, cells[steps - 1].clone(at::MemoryFormat::Contiguous), cells, gates};
+  return {output, h_n, c_buf[(steps - 1) % 2].clone(at::MemoryFormat::Contiguous), gates};
 }
 
 SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_output,  // (T, B, S)
@@ -92,13 +93,13 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
                                          const at::Tensor& input,                       // (T, B, I)
                                          const at::Tensor& weights,                     // (3S, S + I)
                                          const at::Tensor& h0,                          // (B, S)
+                                         const at::Tensor& c0,                          // (B, S)
                                          const at::Tensor& output,                      // (T, B, S)
-                                         const at::Tensor& cells,                       // (T, B, S)
                                          const at::Tensor& gates,                       // (T, B, 3S)
                                          const std::optional<at::Tensor>& lengths,      // (B,) int64
                                          OutputMask output_mask) {
   check_seq_backward_args("lltm::fused_seq_backward", grad_output, grad_h_n, grad_c_n, input, weights, h0,
-                          output, cells, gates, lengths);
+                          c0, output, gates, lengths);
   const auto options = input.options();
   const auto not_asked = [&] { return at::empty({0}, options); };
   const bool want_input = output_mask[0], want_weights = output_mask[1], want_bias = output_mask[2],
@@ -122,7 +123,7 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
   at::Tensor d_pre = at::empty({steps, batch, 3 * state}, options);
   if (steps > 0) {
     const at::Tensor go = cpu::contiguous_or_undefined(grad_output);
-    const at::Tensor cs = cells.contiguous(), g = gates.contiguous();
+    const at::Tensor cs = seq_cells(c0, gates).contiguous(), g = gates.contiguous();
     const at::Tensor len = cpu::contiguous_or_undefined(lengths);
     const bool masked = len.defined();
     const int64_t* len_ptr = masked ? len.const_data_ptr<int64_t>() : nullptr;

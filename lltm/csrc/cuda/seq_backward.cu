@@ -114,11 +114,11 @@ SeqBackwardResult fused_seq_backward_cuda(
     const std::optional<at::Tensor>& grad_output,
     const std::optional<at::Tensor>& grad_h_n,
     const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
-    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& output,
-    const at::Tensor& cells, const at::Tensor& gates,
+    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& c0,
+    const at::Tensor& output, const at::Tensor& gates,
     const std::optional<at::Tensor>& lengths, OutputMask output_mask) {
   check_seq_backward_args(kOp, grad_output, grad_h_n, grad_c_n, input, weights,
-                          h0, output, cells, gates, lengths);
+                          h0, c0, output, gates, lengths);
   TORCH_CHECK(input.is_cuda(), kOp, ": expected CUDA tensors, but got input on ",
               input.device());
   const c10::cuda::CUDAGuard device_guard(input.device());
@@ -160,7 +160,8 @@ SeqBackwardResult fused_seq_backward_cuda(
   }
 
   const c10::ScalarType dtype = input.scalar_type();
-  const at::Tensor cell_states = cells.contiguous();
+  // The cell states, recomputed from c0 and the gates (not saved by forward).
+  const at::Tensor cell_states = seq_cells(c0, gates).contiguous();
   const at::Tensor act = gates.contiguous();
   const at::Tensor out = output.contiguous();
   const at::Tensor g_out = has(grad_output) ? grad_output->contiguous() : at::Tensor();

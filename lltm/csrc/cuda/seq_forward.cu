@@ -5,7 +5,7 @@
 // persistent cluster kernel (seq_persistent.cu) where W_h fits on chip;
 // otherwise, per step, one GEMM that adds h_{t-1} W_h^T into gates[t] and one
 // pointwise kernel (bias, activations, cell update, tanh, the length mask)
-// that writes gates[t], cells[t] and output[t]. Either way the host only
+// that writes gates[t], c_t and output[t]. Either way the host only
 // queues asynchronous launches on the current stream: no synchronisation,
 // capturable in a CUDA graph.
 #include <ATen/Dispatch.h>
@@ -50,14 +50,13 @@ SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,
                 features = input.size(2), state = weights.size(0) / 3;
   const auto options = input.options();
   at::Tensor output = at::empty({steps, batch, state}, options);
-  at::Tensor cells = at::empty({steps, batch, state}, options);
   at::Tensor gates = at::empty({steps, batch, 3 * state}, options);
   at::Tensor h_n = at::empty({batch, state}, options);
   at::Tensor c_n = at::empty({batch, state}, options);
   if (steps == 0 || batch == 0 || state == 0) {
     h_n.copy_(h0);
     c_n.copy_(c0);
-    return {output, h_n, c_n, cells, gates};
+    return {output, h_n, c_n, gates};
   }
 
   const at::Tensor x = input.contiguous();  // (T, B, I): T*B rows of I
@@ -89,10 +88,13 @@ SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,
                              w.ld, false, gates.mutable_data_ptr(), S3};
     run_gemms(dtype, &projection, 1);
   }
-  if (seq_forward_persistent(gates, w, b, h_init, c_init, lens, output, cells,
-                             h_n, c_n)) {
-    return {output, h_n, c_n, cells, gates};
+  if (seq_forward_persistent(gates, w, b, h_init, c_init, lens, output, h_n,
+                             c_n)) {
+    return {output, h_n, c_n, gates};
   }
+  // c_t in two (B, S) buffers written in turn (backward recomputes the cell
+  // states, so they are not kept).
+  at::Tensor c_buf = at::empty({2, batch, state}, options);
 
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, dtype, "lltm_fused_seq_forward", [&] {
@@ -107,7 +109,7 @@ SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,
                                   w_ptr, w.ld, true, g, S3};
           run_gemms(dtype, &recurrent, 1);
           scalar_t* out_t = output.mutable_data_ptr<scalar_t>() + t * batch * state;
-          scalar_t* cells_t = cells.mutable_data_ptr<scalar_t>() + t * batch * state;
+          scalar_t* c_t = c_buf.mutable_data_ptr<scalar_t>() + (t % 2) * batch * state;
           scalar_t* h_next =
               masked ? h_buf.mutable_data_ptr<scalar_t>() + (t % 2) * batch * state
                      : nullptr;
@@ -116,19 +118,19 @@ SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,
                   g, has_bias ? b.const_data_ptr<scalar_t>() : nullptr, c_prev,
                   c_ld, h_prev, h_ld,
                   masked ? lens.const_data_ptr<int64_t>() : nullptr, t, out_t,
-                  cells_t, h_next, batch, state);
+                  c_t, h_next, batch, state);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
           h_prev = masked ? h_next : out_t;
           h_ld = state;
-          c_prev = cells_t;
+          c_prev = c_t;
           c_ld = state;
         }
       });
   // The final state: the last carried h (the last output without lengths)
-  // and the last cells entry (which carries c past each row's length).
+  // and the last c (carried past each row's length).
   h_n.copy_(masked ? h_buf[(steps - 1) % 2] : output[steps - 1]);
-  c_n.copy_(cells[steps - 1]);
-  return {output, h_n, c_n, cells, gates};
+  c_n.copy_(c_buf[(steps - 1) % 2]);
+  return {output, h_n, c_n, gates};
 }
 
 }  // namespace lltm

@@ -9,7 +9,7 @@
 //   its batch rows from W_h's rows (resident in its shared memory for all T
 //   steps) and h_{t-1} (a full copy in its shared memory), finishes the cell
 //   math of its units itself (c stays in registers in float), writes
-//   output / cells / gates, and pushes its slice of h_t into every CTA's
+//   output and gates, and pushes its slice of h_t into every CTA's
 //   copy through distributed shared memory; one cluster barrier per step,
 //   during which the next step's input projection is loaded.
 //
@@ -77,7 +77,6 @@ struct ForwardParams {
   int64_t c0_ld;
   const int64_t* lengths;         // (B,) or null
   scalar_t* output;               // (T, B, S)
-  scalar_t* cells;                // (T, B, S)
   scalar_t* h_n;                  // (B, S)
   scalar_t* c_n;                  // (B, S)
   int64_t steps, batch;
@@ -232,6 +231,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   };
   load_z(0);
+  scalar_t h_out[NB], y_out[NB], gate_out[3][NB];  // step t's results
   // Every CTA of the cluster runs (and has its buffers set) before any CTA
   // writes into another's shared memory.
   cluster.sync();
@@ -266,46 +266,47 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int n = 0; n < NB; ++n) {
         if (!valid[n]) continue;
         const int r = grp.r0 + n;
-        const int64_t b = s.b0 + r;
-        const bool store = n % grp.KS == grp.ks;
-        scalar_t* g = p.gates + (t * p.batch + b) * S3 + j;
-        const int64_t e = (t * p.batch + b) * S + j;
-        scalar_t h;
         if (t < length[n]) {
           const CellForward<acc_t> cell(z[0][n] + bias[0] + acc[n],
                                         z[1][n] + bias[1] + acc[NB + n],
                                         z[2][n] + bias[2] + acc[2 * NB + n], c[n]);
           c[n] = cell.new_cell;
-          h = static_cast<scalar_t>(cell.new_h);
-          if (store) {
-            g[0] = static_cast<scalar_t>(cell.input_gate);
-            g[S] = static_cast<scalar_t>(cell.output_gate);
-            g[2 * S] = static_cast<scalar_t>(cell.candidate);
-            p.output[e] = h;
-          }
+          h_out[n] = static_cast<scalar_t>(cell.new_h);
+          y_out[n] = h_out[n];
+          gate_out[0][n] = static_cast<scalar_t>(cell.input_gate);
+          gate_out[1][n] = static_cast<scalar_t>(cell.output_gate);
+          gate_out[2][n] = static_cast<scalar_t>(cell.candidate);
         } else {  // past this row's length: zero gates and output, keep h, c
-          h = h_cur[r * row + j];
-          if (store) {
-            g[0] = g[S] = g[2 * S] = scalar_t(0);
-            p.output[e] = scalar_t(0);
-          }
-        }
-        if (store) {
-          p.cells[e] = static_cast<scalar_t>(c[n]);
-          if (last) {
-            p.h_n[b * S + j] = h;
-            p.c_n[b * S + j] = static_cast<scalar_t>(c[n]);
-          }
+          h_out[n] = h_cur[r * row + j];
+          y_out[n] = gate_out[0][n] = gate_out[1][n] = gate_out[2][n] = scalar_t(0);
         }
         if (!last) {
           for (int d = grp.ks; d < s.ctas; d += grp.KS) {
-            cluster.map_shared_rank(h_nxt, d)[r * row + j] = h;
+            cluster.map_shared_rank(h_nxt, d)[r * row + j] = h_out[n];
           }
         }
       }
     }
+    // The release half of the barrier waits for this thread's earlier
+    // stores: only the DSMEM pushes come before it; the global stores
+    // (read by no CTA of this launch) follow it.
+    if (!last) cluster_arrive();
+    if (grp.working) {
+#pragma unroll
+      for (int n = 0; n < NB; ++n) {
+        if (!valid[n] || n % grp.KS != grp.ks) continue;
+        const int64_t b = s.b0 + grp.r0 + n;
+        scalar_t* g = p.gates + (t * p.batch + b) * S3 + j;
+#pragma unroll
+        for (int i = 0; i < 3; ++i) g[i * S] = gate_out[i][n];
+        p.output[(t * p.batch + b) * S + j] = y_out[n];
+        if (last) {
+          p.h_n[b * S + j] = h_out[n];
+          p.c_n[b * S + j] = static_cast<scalar_t>(c[n]);
+        }
+      }
+    }
     if (last) break;
-    cluster_arrive();
     if (grp.working) load_z(t + 1);
     cluster_wait();  // every slice of h_t is in every CTA
   }
@@ -370,6 +371,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   };
   load_step(p.steps - 1);
+  scalar_t d_out[3][NB];  // step t's d_pre
   cluster.sync();
 
   for (int64_t t = p.steps - 1; t >= 0; --t) {
@@ -391,22 +393,25 @@ __global__ void __launch_bounds__(kMaxThreads)
           dh[n] = acc_t(0);  // h_{t-1} reaches h_t only through the gates
         }
         // Past a row's length h_t = h_{t-1}: dh carries over as it is.
-        scalar_t v[3];
 #pragma unroll
-        for (int i = 0; i < 3; ++i) v[i] = static_cast<scalar_t>(d[i]);
-        if (n % grp.KS == grp.ks) {
-          scalar_t* dp = p.d_pre + (t * p.batch + s.b0 + r) * S3 + j;
-#pragma unroll
-          for (int i = 0; i < 3; ++i) dp[i * S] = v[i];
-        }
+        for (int i = 0; i < 3; ++i) d_out[i][n] = static_cast<scalar_t>(d[i]);
         for (int dst = grp.ks; dst < s.ctas; dst += grp.KS) {
           scalar_t* remote = cluster.map_shared_rank(x_cur, dst);
 #pragma unroll
-          for (int i = 0; i < 3; ++i) remote[(r * 3 + i) * row + j] = v[i];
+          for (int i = 0; i < 3; ++i) remote[(r * 3 + i) * row + j] = d_out[i][n];
         }
       }
     }
-    cluster_arrive();
+    cluster_arrive();  // before the global stores: see the forward kernel
+    if (grp.working) {
+#pragma unroll
+      for (int n = 0; n < NB; ++n) {
+        if (!valid[n] || n % grp.KS != grp.ks) continue;
+        scalar_t* dp = p.d_pre + (t * p.batch + s.b0 + grp.r0 + n) * S3 + j;
+#pragma unroll
+        for (int i = 0; i < 3; ++i) dp[i * S] = d_out[i][n];
+      }
+    }
     if (grp.working && t > 0) load_step(t - 1);
     cluster_wait();  // all of d_pre_t is in every CTA
     if (t == 0 && p.grad_h0 == nullptr) break;
@@ -651,8 +656,8 @@ bool launch(const char* what, const Params& base, int64_t batch, int64_t state,
 bool seq_forward_persistent(const at::Tensor& gates, const RowMajor& w,
                             const at::Tensor& bias, const RowMajor& h0,
                             const RowMajor& c0, const at::Tensor& lengths,
-                            const at::Tensor& output, const at::Tensor& cells,
-                            const at::Tensor& h_n, const at::Tensor& c_n) {
+                            const at::Tensor& output, const at::Tensor& h_n,
+                            const at::Tensor& c_n) {
   const int64_t steps = gates.size(0), batch = gates.size(1), state = output.size(2);
   bool launched = false;
   AT_DISPATCH_FLOATING_TYPES_AND2(
@@ -668,7 +673,6 @@ bool seq_forward_persistent(const at::Tensor& gates, const RowMajor& w,
         p.c0_ld = c0.ld;
         p.lengths = lengths.defined() ? lengths.const_data_ptr<int64_t>() : nullptr;
         p.output = output.mutable_data_ptr<scalar_t>();
-        p.cells = cells.mutable_data_ptr<scalar_t>();
         p.h_n = h_n.mutable_data_ptr<scalar_t>();
         p.c_n = c_n.mutable_data_ptr<scalar_t>();
         p.steps = steps;

@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kSeqPointwiseThreads) seq_forward_step_kernel(
     const int64_t* __restrict__ lengths,    // (B,), or null: all active
     int64_t t,
     scalar_t* __restrict__ output_t,        // (B, S) contiguous: h_t or 0
-    scalar_t* __restrict__ cells_t,         // (B, S) contiguous: c_t
+    scalar_t* __restrict__ cells_t,         // (B, S) contiguous: c_t out
     scalar_t* __restrict__ h_next,          // (B, S) contiguous carried h,
                                             //   or null (then h_t = output_t)
     int64_t batch, int64_t state) {
