@@ -160,9 +160,26 @@ SeqBackwardResult fused_seq_backward_cuda(
   }
 
   const c10::ScalarType dtype = input.scalar_type();
-  // The cell states, recomputed from c0 and the gates (not saved by forward).
-  const at::Tensor cell_states = seq_cells(c0, gates).contiguous();
   const at::Tensor act = gates.contiguous();
+  // The cell states, recomputed from c0 and the gates (not saved by forward).
+  const at::Tensor cell_states = at::empty({steps, batch, state}, options);
+  {
+    const RowMajor c_init = as_row_major(c0);
+    const int64_t n = batch * state;
+    const unsigned int blocks = grid_size(std::max<int64_t>(
+        1, std::min<int64_t>(ceil_div(n, kSeqPointwiseThreads),
+                             int64_t(sm_count(input.get_device())) * 8)));
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, dtype, "lltm_seq_cells", [&] {
+          seq_cells_kernel<scalar_t>
+              <<<blocks, kSeqPointwiseThreads, 0,
+                 c10::cuda::getCurrentCUDAStream()>>>(
+                  act.const_data_ptr<scalar_t>(), c_init.data<scalar_t>(),
+                  c_init.ld, cell_states.mutable_data_ptr<scalar_t>(), steps,
+                  batch, state);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
+  }
   const at::Tensor out = output.contiguous();
   const at::Tensor g_out = has(grad_output) ? grad_output->contiguous() : at::Tensor();
   const at::Tensor lens = has(lengths) ? lengths->contiguous() : at::Tensor();

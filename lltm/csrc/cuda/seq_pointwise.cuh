@@ -118,5 +118,47 @@ __global__ void __launch_bounds__(kSeqPointwiseThreads) seq_backward_step_kernel
   }
 }
 
+// The cell states c_t of every step from c0 and the saved activated gates
+// (backward's input; forward does not keep them): c_t = c_{t-1} +
+// candidate_t * input_gate_t, in the forward's order and precision, one
+// thread per (row, unit) walking t. Gates past a row's length are 0, so c
+// carries over there. The loads of kUnroll steps are issued before their
+// sums, so a thread waits for memory once per kUnroll steps, not per step.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kSeqPointwiseThreads) seq_cells_kernel(
+    const scalar_t* __restrict__ gates,  // (T, B, 3S) contiguous, activated
+    const scalar_t* __restrict__ c0,     // (B, S) at b * c0_ld + j
+    int64_t c0_ld,
+    scalar_t* __restrict__ cells,        // (T, B, S) contiguous
+    int64_t steps, int64_t batch, int64_t state) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int kUnroll = 8;
+  const int64_t n = batch * state;
+  const int64_t gate_step = 3 * n;  // elements between steps t and t + 1
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       e < n; e += stride) {
+    const int64_t b = e / state;
+    const int64_t j = e - b * state;
+    const scalar_t* g = gates + b * 3 * state + j;
+    acc_t c = static_cast<acc_t>(c0[b * c0_ld + j]);
+    for (int64_t t0 = 0; t0 < steps; t0 += kUnroll) {
+      acc_t i[kUnroll], cand[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const bool in = t0 + u < steps;
+        i[u] = in ? static_cast<acc_t>(g[(t0 + u) * gate_step]) : acc_t(0);
+        cand[u] = in ? static_cast<acc_t>(g[(t0 + u) * gate_step + 2 * state]) : acc_t(0);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (t0 + u >= steps) break;
+        c = c + cand[u] * i[u];  // as CellForward: old_cell + candidate * input_gate
+        cells[(t0 + u) * n + e] = static_cast<scalar_t>(c);
+      }
+    }
+  }
+}
+
 }  // namespace cuda_detail
 }  // namespace lltm
