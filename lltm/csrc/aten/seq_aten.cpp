@@ -23,6 +23,10 @@
 // dh passes through by one extra term per step.
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
 #include <torch/library.h>
 
 #include "../lltm.h"
@@ -104,9 +108,42 @@ SeqForwardResult aten_seq_forward(const at::Tensor& input,
 }
 
 at::Tensor seq_cells(const at::Tensor& c0, const at::Tensor& gates) {
-  const int64_t steps = gates.size(0), state = gates.size(2) / 3;
+  const int64_t steps = gates.size(0), batch = gates.size(1),
+                state = gates.size(2) / 3;
   const c10::ScalarType dtype = gates.scalar_type();
-  if (steps == 0) return at::empty({0, c0.size(0), state}, gates.options());
+  if (steps == 0) return at::empty({0, batch, state}, gates.options());
+  if (gates.is_cpu()) {
+    // Each batch row walks t over contiguous rows of S (at::cumsum over the
+    // time dimension walks every (b, j) column apart, with a stride, and
+    // cost as much as the rest of the backward at T=50, B=16, S=128).
+    const at::Tensor g = gates.contiguous();
+    const at::Tensor c_init = c0.contiguous();
+    at::Tensor cells = at::empty({steps, batch, state}, gates.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, dtype, "lltm_seq_cells", [&] {
+          using acc_t = at::opmath_type<scalar_t>;
+          const scalar_t* gp = g.const_data_ptr<scalar_t>();
+          const scalar_t* cp = c_init.const_data_ptr<scalar_t>();
+          scalar_t* out = cells.mutable_data_ptr<scalar_t>();
+          const int64_t grain = std::max<int64_t>(1, 32768 / (steps * state + 1));
+          at::parallel_for(0, batch, grain, [&](int64_t begin, int64_t end) {
+            std::vector<acc_t> c(state);
+            for (int64_t b = begin; b < end; ++b) {
+              for (int64_t j = 0; j < state; ++j) c[j] = static_cast<acc_t>(cp[b * state + j]);
+              for (int64_t t = 0; t < steps; ++t) {
+                const scalar_t* i = gp + (t * batch + b) * 3 * state;
+                const scalar_t* candidate = i + 2 * state;
+                scalar_t* c_t = out + (t * batch + b) * state;
+                for (int64_t j = 0; j < state; ++j) {
+                  c[j] = c[j] + static_cast<acc_t>(candidate[j]) * static_cast<acc_t>(i[j]);
+                  c_t[j] = static_cast<scalar_t>(c[j]);
+                }
+              }
+            }
+          });
+        });
+    return cells;
+  }
   const c10::ScalarType acc = at::toOpMathType(dtype);
   // c_t = c_{t-1} + candidate_t * input_gate_t, summed in the forward's
   // order: c0 goes into the first increment, then a running sum over t.
