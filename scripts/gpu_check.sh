@@ -13,6 +13,8 @@
 #             accesses cannot hide in the caching allocator's slack
 #   profile   python -m lltm.bench.cuda_profile: host cost per call, GPU time per kernel
 #   sweep     python -m lltm.bench.cuda_path_sweep: small vs cuBLAS path, GEMM floor
+#   seqsweep  python -m lltm.bench.seq_sweep: the sequence ops' time loops (per-step
+#             cuBLAS loop vs persistent cluster kernels at each cluster size)
 #   check     lltm info; lltm check --device cuda
 #   bench     lltm bench --device cuda at the issue's sizes, float32 and bfloat16
 #   benchseq  lltm bench --seq T --device cuda at the layer targets' sizes
@@ -39,7 +41,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY=$OUT/summary.txt
 SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test seq testall sanitize check benchseq profile sweep bench memory)
+[ ${#stages[@]} -eq 0 ] && stages=(build test seq testall sanitize check benchseq seqsweep profile sweep bench memory)
 status=0
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -119,6 +121,11 @@ for stage in "${stages[@]}"; do
       run_stage sweep 300 "$PYTHON" -m lltm.bench.cuda_path_sweep --json "$OUT/sweep.json"
       run_stage sweep 200 "$PYTHON" -m lltm.bench.cuda_path_sweep --dtype bfloat16 \
         --sizes 16x32x128,64x1024x128,256x512x512,4096x1024x1024
+      ;;
+    seqsweep)
+      run_stage seqsweep 300 "$PYTHON" -m lltm.bench.seq_sweep --cases 100x16x32x128,1000x16x32x128,100x64x256x256
+      run_stage seqsweep 200 "$PYTHON" -m lltm.bench.seq_sweep --cases 100x64x256x256 --dtype bfloat16
+      grep -E "^\|" "$OUT/seqsweep.log" >>"$SUMMARY"
       ;;
     check)
       run_stage check 120 "$PYTHON" -X faulthandler -c "import torch, lltm._C; print(torch._C._dispatch_dump('lltm::_build_info')); print(torch._C._dispatch_dump('lltm::fused_cell_forward'))"
