@@ -66,12 +66,13 @@ SeqForwardResult aten_seq_forward(const at::Tensor& input,
     return {output, h0.clone(at::MemoryFormat::Contiguous),
             c0.clone(at::MemoryFormat::Contiguous), gates};
   }
-  // W_h^T (S, 3S) and W_x^T (I, 3S) as contiguous copies, made once: a
-  // transposed view of a row-major matrix is the slower GEMM operand on CPU
-  // BLAS (17 vs 10 us per step at 16 x 128 x 384), and the copy is one
-  // weight matrix per call.
+  // W_h^T (S, 3S) as a contiguous copy, made once: a transposed view of a
+  // row-major matrix is the slower operand of the small per-step GEMM on CPU
+  // BLAS (17 vs 10 us at 16 x 128 x 384). The one projection GEMM over T*B
+  // rows takes W_x^T as a view: there the copy costs more than it saves
+  // (2 threads, 800 x 32 x 384: 88 us with the view, 105 + 9 with the copy).
   const at::Tensor w_h_t = weights.narrow(1, 0, state).t().contiguous();
-  const at::Tensor w_x_t = weights.narrow(1, state, features).t().contiguous();
+  const at::Tensor w_x_t = weights.narrow(1, state, features).t();
   // gates[t] = x_t W_x^T + b for every t: one GEMM over T*B rows.
   const at::Tensor x_all = input.reshape({steps * batch, features});
   at::Tensor gates_all = gates.view({steps * batch, 3 * state});
@@ -86,19 +87,25 @@ SeqForwardResult aten_seq_forward(const at::Tensor& input,
     mask = step_mask(*lengths, steps, input);
     unmask = 1 - mask;
   }
+  // Views of every step's gates, made once (a view per step and gate costs
+  // about a microsecond of dispatch).
+  const at::Tensor io_all = gates.narrow(2, 0, 2 * state);  // (T, B, 2S)
+  const at::Tensor i_all = gates.narrow(2, 0, state);
+  const at::Tensor o_all = gates.narrow(2, state, state);
+  const at::Tensor cand_all = gates.narrow(2, 2 * state, state);
   at::Tensor h = h0;
   at::Tensor c = c0;
   for (int64_t t = 0; t < steps; ++t) {
     at::Tensor g = gates[t];  // (B, 3S)
     g.addmm_(h, w_h_t);       // + h_{t-1} W_h^T
-    g.narrow(1, 0, 2 * state).sigmoid_();
-    at::Tensor candidate = g.narrow(1, 2 * state, state);
+    io_all[t].sigmoid_();
+    at::Tensor candidate = cand_all[t];
     at::elu_(candidate);
     if (masked) g.mul_(mask[t]);
     // c_t = c + elu(z_c) * i;  h_t = tanh(c_t) * o
-    const at::Tensor c_t = at::addcmul(c, candidate, g.narrow(1, 0, state));
+    const at::Tensor c_t = at::addcmul(c, candidate, i_all[t]);
     at::Tensor h_t = output[t];
-    at::tanh_out(h_t, c_t).mul_(g.narrow(1, state, state));
+    at::tanh_out(h_t, c_t).mul_(o_all[t]);
     // Past its length a row's output is 0 and its h is carried.
     h = masked ? at::addcmul(h_t, h, unmask[t]) : h_t;
     c = c_t;
@@ -245,15 +252,17 @@ SeqBackwardResult aten_seq_backward(
       // The output is a constant 0 past a row's length.
       if (grad_out.defined()) grad_out = grad_out * mask;
     }
+    // The input and candidate factors of d_pre both scale with d c_t: one
+    // strided view (T, B, 2, S) of columns [0, S) and [2S, 3S) per step.
+    const at::Tensor p_ic = d_pre.view({steps, batch, 3, state}).slice(2, 0, 3, 2);
     for (int64_t t = steps - 1; t >= 0; --t) {
       // Total gradient of h_t: carried from step t + 1 plus the output's.
       const at::Tensor gh = grad_out.defined() ? dh + grad_out[t] : dh;
       // Total gradient of c_t.
       const at::Tensor dc_t = at::addcmul(dc, gh, a[t]);
-      at::Tensor dp = d_pre[t];  // (B, 3S)
-      dp.narrow(1, 0, state).mul_(dc_t);
-      dp.narrow(1, state, state).mul_(gh);
-      dp.narrow(1, 2 * state, state).mul_(dc_t);
+      p_ic[t].mul_(dc_t.unsqueeze(1));
+      p_o[t].mul_(gh);
+      const at::Tensor dp = d_pre[t];  // (B, 3S)
       if (t > 0 || want_h0) {
         // d h_{t-1} = d_pre W_h (+ gh on rows past their length)
         dh = masked ? at::addmm(gh * unmask[t], dp, w_h) : dp.mm(w_h);
