@@ -120,7 +120,8 @@ SeqBackwardResult aten_seq_backward(
 // The cell states c_t (T, B, S) of a layer from c0 (B, S) and its saved
 // activated gates (T, B, 3S): c0 + the running sum over t of candidate *
 // input_gate (zero past a row's length, so c carries over there), summed in
-// float for half and bfloat16 (aten/seq_aten.cpp; every backend's backward).
+// float for half and bfloat16 (aten/seq_aten.cpp; every backend's backward:
+// a row-wise loop on CPU, a kernel on CUDA, ATen's cumsum elsewhere).
 at::Tensor seq_cells(const at::Tensor& c0, const at::Tensor& gates);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> seq_parameter_gradients(
@@ -157,6 +158,9 @@ SeqBackwardResult fused_seq_backward_cuda(
     const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& c0,
     const at::Tensor& output, const at::Tensor& gates,
     const std::optional<at::Tensor>& lengths, OutputMask output_mask);
+// seq_cells for CUDA tensors (cuda/seq_backward.cu): one thread per (row,
+// unit) walking t, with the loads of several steps in flight.
+at::Tensor seq_cells_cuda(const at::Tensor& c0, const at::Tensor& gates);
 // Comma-separated list of the architectures the CUDA sources were built for,
 // as nvcc's __CUDA_ARCH_LIST__ spells them (e.g. "900" or "800,900").
 std::string cuda_arch_list();

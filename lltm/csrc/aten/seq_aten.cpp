@@ -119,6 +119,10 @@ at::Tensor seq_cells(const at::Tensor& c0, const at::Tensor& gates) {
                 state = gates.size(2) / 3;
   const c10::ScalarType dtype = gates.scalar_type();
   if (steps == 0) return at::empty({0, batch, state}, gates.options());
+#ifdef LLTM_WITH_CUDA
+  // at::cumsum over the time dimension waits on memory once per step.
+  if (gates.is_cuda()) return seq_cells_cuda(c0, gates);
+#endif
   if (gates.is_cpu()) {
     // Each batch row walks t over contiguous rows of S (at::cumsum over the
     // time dimension walks every (b, j) column apart, with a stride, and

@@ -69,9 +69,7 @@ void step_loop(const std::optional<at::Tensor>& grad_h_n,
                                   options.dtype(at::toOpMathType(dtype)));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int64_t n = batch * state;
-  const unsigned int blocks = grid_size(std::max<int64_t>(
-      1, std::min<int64_t>(ceil_div(n, kSeqPointwiseThreads),
-                           int64_t(sm_count(d_pre.get_device())) * 8)));
+  const unsigned int blocks = pointwise_blocks(n, d_pre.get_device());
 
   // Buffer roles: step t reads dh[(t + 1) % 2] (the gradient of h_t carried
   // from step t + 1) and writes d h_{t-1} into dh[t % 2]; so step T - 1
@@ -109,6 +107,27 @@ void step_loop(const std::optional<at::Tensor>& grad_h_n,
 }
 
 }  // namespace
+
+at::Tensor seq_cells_cuda(const at::Tensor& c0, const at::Tensor& gates) {
+  const c10::cuda::CUDAGuard device_guard(gates.device());
+  const int64_t steps = gates.size(0), batch = gates.size(1),
+                state = gates.size(2) / 3;
+  at::Tensor cells = at::empty({steps, batch, state}, gates.options());
+  if (cells.numel() == 0) return cells;
+  const at::Tensor g = gates.contiguous();
+  const RowMajor c_init = as_row_major(c0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, g.scalar_type(), "lltm_seq_cells", [&] {
+        seq_cells_kernel<scalar_t>
+            <<<pointwise_blocks(batch * state, g.get_device()),
+               kSeqPointwiseThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+                g.const_data_ptr<scalar_t>(), c_init.data<scalar_t>(),
+                c_init.ld, cells.mutable_data_ptr<scalar_t>(), steps, batch,
+                state);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+  return cells;
+}
 
 SeqBackwardResult fused_seq_backward_cuda(
     const std::optional<at::Tensor>& grad_output,
@@ -162,24 +181,7 @@ SeqBackwardResult fused_seq_backward_cuda(
   const c10::ScalarType dtype = input.scalar_type();
   const at::Tensor act = gates.contiguous();
   // The cell states, recomputed from c0 and the gates (not saved by forward).
-  const at::Tensor cell_states = at::empty({steps, batch, state}, options);
-  {
-    const RowMajor c_init = as_row_major(c0);
-    const int64_t n = batch * state;
-    const unsigned int blocks = grid_size(std::max<int64_t>(
-        1, std::min<int64_t>(ceil_div(n, kSeqPointwiseThreads),
-                             int64_t(sm_count(input.get_device())) * 8)));
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kHalf, at::kBFloat16, dtype, "lltm_seq_cells", [&] {
-          seq_cells_kernel<scalar_t>
-              <<<blocks, kSeqPointwiseThreads, 0,
-                 c10::cuda::getCurrentCUDAStream()>>>(
-                  act.const_data_ptr<scalar_t>(), c_init.data<scalar_t>(),
-                  c_init.ld, cell_states.mutable_data_ptr<scalar_t>(), steps,
-                  batch, state);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
-        });
-  }
+  const at::Tensor cell_states = seq_cells(c0, act);
   const at::Tensor out = output.contiguous();
   const at::Tensor g_out = has(grad_output) ? grad_output->contiguous() : at::Tensor();
   const at::Tensor lens = has(lengths) ? lengths->contiguous() : at::Tensor();

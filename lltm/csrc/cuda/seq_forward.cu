@@ -27,12 +27,6 @@ namespace {
 
 constexpr const char* kOp = "lltm::fused_seq_forward";
 
-unsigned int pointwise_blocks(int64_t elements, c10::DeviceIndex device) {
-  const int64_t wanted = ceil_div(elements, kSeqPointwiseThreads);
-  return grid_size(std::max<int64_t>(
-      1, std::min<int64_t>(wanted, int64_t(sm_count(device)) * 8)));
-}
-
 }  // namespace
 
 SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,

@@ -6,11 +6,20 @@
 #pragma once
 
 #include "cell_math.cuh"
+#include "launch_utils.h"
 
 namespace lltm {
 namespace cuda_detail {
 
 constexpr int kSeqPointwiseThreads = 256;
+
+// Blocks of a grid-stride launch over `elements` (B * S) on `device`: one
+// element per thread, at most 8 blocks per multiprocessor.
+inline unsigned int pointwise_blocks(int64_t elements, c10::DeviceIndex device) {
+  const int64_t wanted = ceil_div(elements, kSeqPointwiseThreads);
+  return grid_size(std::max<int64_t>(
+      1, std::min<int64_t>(wanted, int64_t(sm_count(device)) * 8)));
+}
 
 __device__ __forceinline__ bool row_active(const int64_t* lengths, int64_t b,
                                            int64_t t) {
