@@ -36,7 +36,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <string>
 #include <tuple>
 
 #include "cell_math.cuh"
@@ -611,33 +610,34 @@ bool launch(const char* what, const Params& base, int64_t batch, int64_t state,
   // only fit in 16 CTAs' shared memory.
   const int sizes[] = {forced > 0 ? forced : 8, 16};
   const int tries = forced > 0 ? 1 : 2;
+  const int device = like.get_device();
+  // How many clusters of this plan's shape can run at once (0: none).
+  auto schedulable = [&](const Plan& plan) {
+    cudaLaunchAttribute attr;
+    return active_clusters(kernel_for<scalar_t, kBackward>(plan.per_thread), device,
+                           launch_config(plan, stream, attr), plan.cluster, smem_limit);
+  };
   for (int attempt = 0; attempt < tries; ++attempt) {
     const int cluster = std::min<int64_t>(sizes[attempt], state);
-    std::optional<Plan> plan = plan_for(kBackward, batch, state, sizeof(scalar_t), cluster,
-                                        sms / cluster, smem_limit);
+    auto plan_with = [&](int max_clusters) {
+      return plan_for(kBackward, batch, state, sizeof(scalar_t), cluster, max_clusters,
+                      smem_limit);
+    };
+    std::optional<Plan> plan = plan_with(sms / cluster);
     if (!plan) continue;
-    cudaLaunchAttribute attr;
-    cudaLaunchConfig_t config = launch_config(*plan, stream, attr);
-    const int device = like.get_device();
-    const int active = active_clusters(kernel_for<scalar_t, kBackward>(plan->per_thread), device,
-                                       config, plan->cluster, smem_limit);
+    const int active = schedulable(*plan);
     if (active == 0) continue;
     if (plan->clusters > active) {
       // Fewer clusters than planned fit on the device at once (GPC sizes):
       // the rest would run as a second wave. Spread the batch over the ones
       // that fit instead, where their shared memory allows.
-      std::optional<Plan> wider = plan_for(kBackward, batch, state, sizeof(scalar_t), cluster,
-                                           active, smem_limit);
-      if (wider && wider->clusters <= active) {
-        cudaLaunchAttribute wider_attr;
-        const cudaLaunchConfig_t wider_config = launch_config(*wider, stream, wider_attr);
-        if (active_clusters(kernel_for<scalar_t, kBackward>(wider->per_thread), device,
-                            wider_config, wider->cluster, smem_limit) >= wider->clusters) {
-          plan = wider;
-          config = launch_config(*plan, stream, attr);
-        }
+      std::optional<Plan> wider = plan_with(active);
+      if (wider && wider->clusters <= active && schedulable(*wider) >= wider->clusters) {
+        plan = wider;
       }
     }
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t config = launch_config(*plan, stream, attr);
     const Kernel<Params> kernel = kernel_for<scalar_t, kBackward>(plan->per_thread);
     Params params = base;
     params.units = plan->units;
