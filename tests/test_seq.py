@@ -382,13 +382,18 @@ def _outputs_and_grads(fn, args, lengths=None, seed=3):
     return (out, h_n, c_n) + torch.autograd.grad(loss, leaves)
 
 
-def _fused_seq_on_cuda():
-    if not lltm._backends.is_available("fused", "cuda", "seq"):
-        pytest.skip("fused has no sequence operators on cuda")
-
-
 def _has_clusters():
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+def _use_fused_cuda_path(monkeypatch, path):
+    """Skips unless the fused sequence ops (and, for "persistent", thread-block
+    clusters) are there; then forces the time loop `path`."""
+    if not lltm._backends.is_available("fused", "cuda", "seq"):
+        pytest.skip("fused has no sequence operators on cuda")
+    if path == "persistent" and not _has_clusters():
+        pytest.skip("the persistent kernels need thread-block clusters (sm_90)")
+    monkeypatch.setenv("LLTM_SEQ_PATH", path)
 
 
 # (T, B, I, S) for the two time-loop paths of the fused CUDA backend: units
@@ -405,10 +410,7 @@ def test_fused_cuda_paths_match_reference(monkeypatch, path, shape, variant):
     """Both time loops of the fused CUDA backend (one persistent cluster
     kernel per direction; the per-step cuBLAS loop) against the float64
     reference: outputs and every gradient."""
-    _fused_seq_on_cuda()
-    if path == "persistent" and not _has_clusters():
-        pytest.skip("the persistent kernels need thread-block clusters (sm_90)")
-    monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    _use_fused_cuda_path(monkeypatch, path)
     T, B = shape[:2]
     args = make_seq(*shape, device="cuda", bias=variant != "nobias", seed=sum(shape))
     lengths = None
@@ -423,10 +425,7 @@ def test_fused_cuda_paths_match_reference(monkeypatch, path, shape, variant):
 def test_persistent_cluster_sizes(monkeypatch, cluster):
     """Every cluster size gives the reference's results (the default picks 8
     or 16): the unit split and the DSMEM exchange do not depend on it."""
-    _fused_seq_on_cuda()
-    if not _has_clusters():
-        pytest.skip("the persistent kernels need thread-block clusters (sm_90)")
-    monkeypatch.setenv("LLTM_SEQ_PATH", "persistent")
+    _use_fused_cuda_path(monkeypatch, "persistent")
     monkeypatch.setenv("LLTM_SEQ_CLUSTER", cluster)
     args = make_seq(6, 11, 5, 45, device="cuda", seed=int(cluster))
     _check("fused", args, lengths=torch.tensor([6, 0, 3, 6, 1, 6, 5, 2, 6, 6, 4], device="cuda"))
@@ -436,10 +435,7 @@ def test_persistent_cluster_sizes(monkeypatch, cluster):
 @pytest.mark.parametrize("loss_on", ["output", "h_n", "c_n"])
 @pytest.mark.parametrize("path", ["persistent", "loop"])
 def test_fused_cuda_paths_loss_on_one_output(monkeypatch, loss_on, path):
-    _fused_seq_on_cuda()
-    if path == "persistent" and not _has_clusters():
-        pytest.skip("the persistent kernels need thread-block clusters (sm_90)")
-    monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    _use_fused_cuda_path(monkeypatch, path)
     _check("fused", make_seq(8, 6, 5, 40, device="cuda", seed=2), loss_on=(loss_on,))
 
 
@@ -449,10 +445,7 @@ def test_fused_cuda_paths_long_float32(monkeypatch, path):
     """T = 1000 in float32: the error against float64 is at most twice that
     of the per-step PyTorch reference in float32 (the recurrence amplifies
     round-off over 1000 steps, in any implementation)."""
-    _fused_seq_on_cuda()
-    if path == "persistent" and not _has_clusters():
-        pytest.skip("the persistent kernels need thread-block clusters (sm_90)")
-    monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    _use_fused_cuda_path(monkeypatch, path)
     args = make_seq(1000, 16, 32, 128, device="cuda", dtype=torch.float32, seed=4)
     got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args)
     plain = _outputs_and_grads(lltm_reference, args)
