@@ -104,6 +104,15 @@ def test_bench_sequence_mode(tmp_path, capsys):
     assert all(r["saved_bytes"] > 0 for r in results.values())
 
 
+def test_bench_under_autocast(tmp_path, capsys):
+    """--autocast: every row's forward under torch.autocast; the header and the JSON say so."""
+    out_json = tmp_path / "ac.json"
+    argv = ["bench", "-b", "2", "-f", "3", "-s", "4", "--seq", "3", "--autocast", "bfloat16", "--rows", "aten,lstm"]
+    assert cli.main([*argv, *QUICK, "--json", str(out_json)]) == 0
+    assert "float32 under autocast(bfloat16)" in capsys.readouterr().out
+    assert json.loads(out_json.read_text())["meta"]["dtype"] == "float32 under autocast(bfloat16)"
+
+
 def test_bench_sequence_compile_row(capsys):
     """torch.compile of the LLTM module runs in sequence mode (it was an empty table)."""
     assert cli.main(["bench", "-b", "2", "-f", "3", "-s", "4", "--seq", "4", "--rows", "compile", *QUICK]) == 0

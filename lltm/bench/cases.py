@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -72,6 +72,9 @@ class Config:
     seed: int = 0
     param_grads_only: bool = False
     accumulate_grads: bool = False
+    # Forward under torch.autocast(device, autocast); parameters and inputs
+    # stay `dtype`, backward runs outside the region (as autocast asks).
+    autocast: Optional[torch.dtype] = None
 
 
 def parse_rows(text: str) -> list[str]:
@@ -109,20 +112,27 @@ def _cudnn_tf32(allowed: bool) -> Iterator[None]:
         torch.backends.cudnn.allow_tf32 = old
 
 
-def _no_tf32(case: Case) -> Case:
-    """The same case with cuDNN's TF32 off around forward and backward."""
-    forward, backward = case.forward, case.backward
+def _within(case: Case, context: Callable[[], contextlib.AbstractContextManager], backward: bool = True) -> Case:
+    """The same case with its forward (and its backward, if asked) inside `context()`."""
+    forward, back = case.forward, case.backward
 
     def fwd() -> Outputs:
-        with _cudnn_tf32(False):
+        with context():
             return forward()
 
     def bwd(outputs: Outputs) -> None:
-        with _cudnn_tf32(False):
-            backward(outputs)
+        with context():
+            back(outputs)
 
-    case.forward, case.backward = fwd, bwd
+    case.forward = fwd
+    if backward:
+        case.backward = bwd
     return case
+
+
+def _no_tf32(case: Case) -> Case:
+    """The same case with cuDNN's TF32 off around forward and backward."""
+    return _within(case, lambda: _cudnn_tf32(False))
 
 
 def _check_common(name: str, cfg: Config) -> None:
@@ -251,7 +261,11 @@ def build(names: list[str], cfg: Config) -> tuple[list[Case], dict[str, str]]:
     cases, skipped = [], {}
     for name in names:
         try:
-            cases.append(make(name, cfg))
+            case = make(name, cfg)
         except Skip as why:
             skipped[name] = str(why)
+            continue
+        if cfg.autocast is not None:
+            case = _within(case, lambda: torch.autocast(cfg.device.type, dtype=cfg.autocast), backward=False)
+        cases.append(case)
     return cases, skipped

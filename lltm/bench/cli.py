@@ -53,6 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("-d", "--double", action="store_true", help="shorthand for --dtype float64")
     p.add_argument(
+        "--autocast",
+        choices=("bfloat16", "float16"),
+        help="forward under torch.autocast(device, dtype=AUTOCAST); parameters and inputs stay --dtype",
+    )
+    p.add_argument(
         "--rows",
         "--backends",
         dest="rows",
@@ -114,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         param_grads_only=args.param_grads_only,
         accumulate_grads=args.accumulate_grads,
+        autocast=DTYPES[args.autocast] if args.autocast else None,
     )
     cases, skipped = rows_mod.build(names, cfg)
     for name, why in skipped.items():
@@ -146,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         "features": args.features,
         "state_size": args.state_size,
         "seq": args.seq,
-        "dtype": str(dtype).replace("torch.", ""),
+        "dtype": str(dtype).replace("torch.", "") + (f" under autocast({args.autocast})" if args.autocast else ""),
         "device": str(device),
         "device_name": _device_name(device),
         "torch": torch.__version__,
