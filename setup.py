@@ -37,7 +37,7 @@ def _extension():
     extra = {"cxx": src.cxx_flags(with_cuda, debug)}
     if with_cuda:
         extra["nvcc"] = src.nvcc_flags(debug)
-    return kind("lltm._C", sources, depends=depends, extra_compile_args=extra)
+    return kind("lltm._C", sources, depends=depends, extra_compile_args=extra, extra_link_args=src.link_flags())
 
 
 setup(

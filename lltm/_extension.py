@@ -128,6 +128,7 @@ def _load_jit() -> None:
             sources=sources,
             extra_cflags=_sources.cxx_flags(with_cuda, debug),
             extra_cuda_cflags=_sources.nvcc_flags(debug) if with_cuda else None,
+            extra_ldflags=_sources.link_flags(),
             with_cuda=with_cuda,
             is_python_module=False,
             build_directory=build_dir,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 
@@ -49,11 +50,26 @@ def headers() -> list[str]:
     return found
 
 
+def openmp_flags() -> list[str]:
+    """Compile and link flags for OpenMP, where the compiler has it (GCC or
+    Clang on Linux). ATen's at::parallel_for is a header template that runs
+    its loop on torch's threads only when the file that instantiates it is
+    compiled with OpenMP, as torch's own sources are; without the flag every
+    parallel loop of the extension runs on one thread. The library then uses
+    the libgomp that torch has already loaded (same soname)."""
+    return ["-fopenmp"] if sys.platform.startswith("linux") else []
+
+
 def cxx_flags(with_cuda: bool, debug: bool) -> list[str]:
     flags = ["-O0", "-g"] if debug else ["-O3"]
+    flags += openmp_flags()
     if with_cuda:
         flags.append("-DLLTM_WITH_CUDA")
     return flags
+
+
+def link_flags() -> list[str]:
+    return openmp_flags()
 
 
 def nvcc_flags(debug: bool) -> list[str]:
