@@ -109,7 +109,9 @@ def test_cell_odd_state_sizes(dtype, state, bias):
 @pytest.mark.parametrize("state", [1, 3, 17, 70])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=DTYPE_IDS.get)
 def test_layer_odd_state_sizes(dtype, state, bias):
-    args = seq_inputs(6, 4, 5, state, dtype=dtype, bias=bias, seed=state)
+    # batch 16, as for the cell: at S = 1 or 3 and batch 4, h_n and c_n have
+    # 4 to 12 elements, and the 2x rule of bf16 was decided by a rounding or two
+    args = seq_inputs(6, 16, 5, state, dtype=dtype, bias=bias, seed=state)
     names = SEQ_NAMES if bias else without_bias(SEQ_NAMES)
     check_against_reference(layer_fn("fused"), layer_fn("reference"), args, dtype, names)
 

@@ -1,9 +1,10 @@
-// Headers that the pointwise_<capability>.cpp files include before they
+// Headers that the kernels_<capability>.cpp files include before they
 // switch the instruction set (#pragma GCC target): inline functions and
 // templates declared here keep the baseline instruction set, so a copy of
 // them emitted by an AVX2 or AVX-512 file is safe on every CPU, whichever
 // copy the linker keeps. Only at::vec (namespaced by CPU_CAPABILITY) and
-// cell_math.h are compiled with the wider instruction sets.
+// the kernels (cell_math.h, gemm.h, step_kernels.h) are compiled with the
+// wider instruction sets.
 #pragma once
 
 #include <ATen/OpMathType.h>
@@ -24,5 +25,6 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
-#include "pointwise.h"
+#include "kernels.h"

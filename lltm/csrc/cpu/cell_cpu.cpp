@@ -1,8 +1,8 @@
-// "fused" backend on the CPU, cell operators: one GEMM with torch's BLAS for
-// the gates, then the whole pointwise math in one vectorised pass over the
-// gates (bias add, sigmoid, sigmoid, ELU, cell update, tanh), parallel over
-// batch rows; backward is one pass for every gate derivative and the cell
-// gradient, then the GEMMs of the gradients asked for.
+// "fused" backend on the CPU, cell operators: one step of the sequence
+// operators' kernels (seq_cpu.cpp, kernels.h). Forward is the fused GEMM +
+// cell kernel on [old_h | input] and W packed for it; backward is the cell's
+// backward math (with the bias gradient summed on the way), then the GEMMs
+// of the gradients asked for.
 //
 // Same results and conventions as the aten backend (aten/cell_aten.cpp):
 // output_mask, fresh (0,) placeholders for gradients not asked for, fresh
@@ -13,13 +13,11 @@
 #include <torch/library.h>
 
 #include "../lltm.h"
-#include "pointwise.h"
-#include "rows.h"
+#include "common.h"
+#include "kernels.h"
 
 namespace lltm {
 namespace {
-
-using cpu::for_rows;
 
 CellForwardResult fused_cell_forward_cpu(const at::Tensor& input,      // (B, I)
                                          const at::Tensor& weights,    // (3S, S + I)
@@ -27,18 +25,37 @@ CellForwardResult fused_cell_forward_cpu(const at::Tensor& input,      // (B, I)
                                          const at::Tensor& old_h,      // (B, S)
                                          const at::Tensor& old_cell) { // (B, S)
   check_cell_forward_args("lltm::fused_cell_forward", input, weights, bias, old_h, old_cell);
-  const cpu::PointwiseKernels kernels = cpu::kernels_for(input);
-  const int64_t batch = input.size(0), state = weights.size(0) / 3;
-  // gates = [old_h | input] W^T: (B, 3S), one GEMM; the bias is added in the
-  // pass (in fp32 for bf16 / fp16, where addmm would round the sum first).
-  at::Tensor gates = at::mm(at::cat({old_h, input}, 1), weights.t());
-  const at::Tensor b = cpu::contiguous_or_undefined(bias);
-  const at::Tensor c = old_cell.contiguous();
-  at::Tensor new_h = at::empty({batch, state}, input.options());
-  at::Tensor new_cell = at::empty({batch, state}, input.options());
-  const cpu::ForwardStep step{gates.data_ptr(), nullptr, cpu::ptr_or_null(b), c.const_data_ptr(),
-                              new_cell.data_ptr(), new_h.data_ptr(), nullptr, nullptr, 0, state};
-  for_rows(batch, state, [&](int64_t begin, int64_t end) { kernels.forward(step, begin, end); });
+  const cpu::Kernels kernels = cpu::kernels_for(input);
+  const int64_t batch = input.size(0), features = input.size(1), state = weights.size(0) / 3;
+  const auto options = input.options();
+  at::Tensor new_h = at::empty({batch, state}, options);
+  at::Tensor new_cell = at::empty({batch, state}, options);
+  at::Tensor gates = at::empty({batch, 3 * state}, options);
+  if (batch == 0) return {new_h, new_cell, gates};
+  const at::Tensor w = cpu::rows_contiguous(weights), x = cpu::rows_contiguous(input),
+                   h = cpu::rows_contiguous(old_h), c = old_cell.contiguous(),
+                   b = cpu::contiguous_or_undefined(bias);
+  const int64_t blocks = kernels.gate_blocks(state);
+  at::Tensor packed = at::empty({kernels.gates_packed_size(state, state + features)}, options.dtype(cpu::opmath(input)));
+  cpu::ForwardStep step{};
+  step.h_prev = h.const_data_ptr();
+  step.ld_h = h.stride(0);
+  step.x = x.const_data_ptr();
+  step.ld_x = x.stride(0);
+  step.packed = packed.const_data_ptr();
+  step.bias = cpu::ptr_or_null(b);
+  step.c_prev = c.const_data_ptr();
+  step.c_new = new_cell.data_ptr();
+  step.h_new = new_h.data_ptr();
+  step.gates = gates.data_ptr();
+  step.batch = batch;
+  step.state = state;
+  step.features = features;
+  const int64_t workers = cpu::team_size(batch * 3 * state * (state + features), blocks);
+  cpu::run_team(blocks, workers, [&](int64_t j0, int64_t j1, cpu::TeamSync&) {
+    kernels.pack_gates(w.const_data_ptr(), w.stride(0), state, state + features, packed.data_ptr(), j0, j1);
+    kernels.forward(step, j0, j1);
+  });
   return {new_h, new_cell, gates};
 }
 
@@ -52,32 +69,59 @@ CellBackwardResult fused_cell_backward_cpu(const at::Tensor& grad_h,     // (B, 
                                            OutputMask output_mask) {
   check_cell_backward_args("lltm::fused_cell_backward", grad_h, grad_cell, new_cell, gates, input,
                            weights, old_h);
-  const auto not_asked = [&] { return at::empty({0}, input.options()); };
+  const auto options = input.options();
+  const auto not_asked = [&] { return at::empty({0}, options); };
   if (!(output_mask[0] || output_mask[1] || output_mask[2] || output_mask[3] || output_mask[4])) {
     return {not_asked(), not_asked(), not_asked(), not_asked(), not_asked()};
   }
-  const cpu::PointwiseKernels kernels = cpu::kernels_for(input);
+  const cpu::Kernels kernels = cpu::kernels_for(input);
   const int64_t batch = input.size(0), features = input.size(1), state = weights.size(0) / 3;
-  const at::Tensor gh = grad_h.contiguous(), gc = grad_cell.contiguous(),
-                   cn = new_cell.contiguous(), g = gates.contiguous();
-  at::Tensor d_pre = at::empty({batch, 3 * state}, input.options());  // d loss / d pre-activations
-  at::Tensor grad_old_cell = output_mask[4] ? at::empty({batch, state}, input.options()) : not_asked();
-  // grad_h is only read (zero_grad_h is false), hence the const_cast.
-  const cpu::BackwardStep step{const_cast<void*>(gh.const_data_ptr()), nullptr, gc.const_data_ptr(),
-                               output_mask[4] ? grad_old_cell.data_ptr() : nullptr, cn.const_data_ptr(),
-                               g.const_data_ptr(), d_pre.data_ptr(), nullptr, 0, state,
-                               /*zero_grad_h=*/false, /*dc_opmath=*/false};
-  for_rows(batch, state, [&](int64_t begin, int64_t end) { kernels.backward(step, begin, end); });
+  const auto dtype = input.scalar_type();
+  const auto acc = options.dtype(cpu::opmath(input));
+  // the carried gradients are opmath in the kernels; read only here
+  const at::Tensor gh = grad_h.to(acc).contiguous(), gc = grad_cell.to(acc).contiguous(),
+                   cn = new_cell.contiguous(), g = gates.contiguous(), w = cpu::rows_contiguous(weights);
+  at::Tensor d_pre = at::empty({batch, 3 * state}, options);  // d loss / d pre-activations
+  at::Tensor grad_old_cell = output_mask[4] ? at::empty({batch, state}, acc) : at::Tensor();
+  at::Tensor grad_bias = output_mask[2] ? at::zeros({3 * state}, acc) : at::Tensor();
+  cpu::BackwardStep step{};
+  step.dh_carry = const_cast<void*>(gh.const_data_ptr());  // read only: no lengths
+  step.dc_in = gc.const_data_ptr();
+  step.dc_out = output_mask[4] ? grad_old_cell.data_ptr() : nullptr;
+  step.cell = cn.const_data_ptr();
+  step.gates = g.const_data_ptr();
+  step.d_pre = d_pre.data_ptr();
+  step.bias_grad = output_mask[2] ? grad_bias.data_ptr() : nullptr;
+  step.batch = batch;
+  step.state = state;
+  const int64_t blocks = kernels.gate_blocks(state);
+  // ~30 multiply-adds' worth of math per element
+  cpu::run_team(blocks, cpu::team_size(batch * state * 32, blocks),
+                [&](int64_t j0, int64_t j1, cpu::TeamSync&) { kernels.backward(step, j0, j1); });
 
-  // dX = d_pre W = [grad_old_h | grad_input]: one GEMM per column block of W
-  // asked for, straight into the output (measured at 16 x 32 x 128: two
-  // GEMMs 20 us, one GEMM over W and two slice copies 22 us).
-  const at::Tensor grad_input = output_mask[0] ? at::mm(d_pre, weights.narrow(1, state, features)) : not_asked();
-  const at::Tensor grad_old_h = output_mask[3] ? at::mm(d_pre, weights.narrow(1, 0, state)) : not_asked();
-  // dW = d_pre^T [old_h | input]: one GEMM (cheaper than one per block here).
-  at::Tensor grad_weights = output_mask[1] ? at::mm(d_pre.t(), at::cat({old_h, input}, 1)) : not_asked();
-  at::Tensor grad_bias = output_mask[2] ? d_pre.sum(0) : not_asked();
-  return {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};
+  // [grad_old_h | grad_input] = d_pre W, one GEMM per column block of W
+  // asked for, straight into the output (opmath: through a buffer).
+  const auto d_times_w = [&](int64_t col, int64_t cols) {
+    at::Tensor out = at::empty({batch, cols}, acc);
+    cpu::gemm_out(kernels, out, d_pre.const_data_ptr(), 3 * state, 1,
+                  static_cast<const char*>(w.const_data_ptr()) + col * w.element_size(), w.stride(0), 3 * state);
+    return out.to(dtype);
+  };
+  const at::Tensor grad_input = output_mask[0] ? d_times_w(state, features) : not_asked();
+  const at::Tensor grad_old_h = output_mask[3] ? d_times_w(0, state) : not_asked();
+  at::Tensor grad_weights = not_asked();
+  if (output_mask[1]) {
+    // dW = d_pre^T [old_h | input]: A = d_pre^T (strides 1, 3S)
+    grad_weights = at::empty({3 * state, state + features}, acc);
+    const at::Tensor h = cpu::rows_contiguous(old_h), x = cpu::rows_contiguous(input);
+    cpu::gemm_out(kernels, grad_weights.narrow(1, 0, state), d_pre.const_data_ptr(), 1, 3 * state,
+                  h.const_data_ptr(), h.stride(0), batch);
+    cpu::gemm_out(kernels, grad_weights.narrow(1, state, features), d_pre.const_data_ptr(), 1, 3 * state,
+                  x.const_data_ptr(), x.stride(0), batch);
+    grad_weights = grad_weights.to(dtype);
+  }
+  return {grad_input, grad_weights, output_mask[2] ? grad_bias.to(dtype) : not_asked(), grad_old_h,
+          output_mask[4] ? grad_old_cell.to(dtype) : not_asked()};
 }
 
 }  // namespace

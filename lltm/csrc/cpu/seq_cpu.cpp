@@ -1,36 +1,38 @@
 // "fused" backend on the CPU, sequence operators: one LLTM layer over T
-// steps, the time loop in C++ over preallocated buffers (no allocation per
-// step).
+// steps, the time loop in C++ over preallocated buffers, with the backend's
+// own GEMM (kernels.h), whose speed does not depend on the BLAS torch links.
 //
-// Forward: the input projection of all T steps is one GEMM over T*B rows,
-// written into the gates output; each step is one GEMM h_{t-1} W_h^T into a
-// workspace and one pass (pointwise.h) that adds it and the bias, applies
-// the activations, updates the cell and writes c_t, h_t and the activated
-// gates in place.
+// Forward: W (3S, S + I) is packed once per call; each step is one fused
+// GEMM + cell kernel per unit block, [h_{t-1} | x_t] W^T straight into the
+// cell's math (the input projection rides in the same K loop instead of a
+// separate GEMM over T*B rows: the same multiply-adds, and no (T, B, 3S)
+// buffer of pre-activations written and read back).
 //
-// Backward: each reverse step is one pass (the gradient of h_t, the gradient
-// of c_t carried in fp32 for bf16 / fp16, every gate derivative) and one
-// GEMM d_pre_t W_h for the gradient of h_{t-1}; the gradients of the input,
-// the weights and the bias are one GEMM / reduction each over all T*B rows
-// afterwards, as in the aten backend (aten/seq_aten.cpp).
+// Backward: W_h is packed once per call; each reverse step is one fused
+// GEMM + cell-backward kernel per panel of unit blocks, dh_t = d_pre_{t+1} W_h
+// into the gate derivatives of step t; the bias gradient is summed in the
+// same kernel. The gradients of the input and the weights are GEMMs over all
+// T*B rows afterwards.
+//
+// Threads: the unit blocks are split over a team that runs the
+// whole time loop in one parallel region, each thread packing and keeping
+// its own share of the weights in its caches, one barrier per step (common.h:
+// run_team).
 //
 // Variable lengths: past its length a row gets zero gates, keeps c, outputs
-// 0 and carries h (in a workspace beside the output). In backward such a
-// row has d_pre = 0 and passes both carried gradients on: the pass zeroes
-// the h gradient only on rows inside their length, and the GEMM accumulates
-// into it.
+// 0 and carries h (in two buffers beside the output, written in turn: a step
+// reads every unit of h_{t-1} while the team writes h_t). In backward such a
+// row has d_pre = 0 and passes both carried gradients on.
 #include <ATen/ATen.h>
-#include <ATen/OpMathType.h>
 #include <torch/library.h>
 
 #include "../lltm.h"
-#include "pointwise.h"
-#include "rows.h"
+#include "common.h"
+#include "kernels.h"
 
 namespace lltm {
 namespace {
 
-using cpu::for_rows;
 using cpu::has;
 using cpu::step_ptr;
 
@@ -42,48 +44,66 @@ SeqForwardResult fused_seq_forward_cpu(const at::Tensor& input,                 
                                        const std::optional<at::Tensor>& lengths)  // (B,) int64
 {
   check_seq_forward_args("lltm::fused_seq_forward", input, weights, bias, h0, c0, lengths);
-  const cpu::PointwiseKernels kernels = cpu::kernels_for(input);
+  const cpu::Kernels kernels = cpu::kernels_for(input);
   const int64_t steps = input.size(0), batch = input.size(1), features = input.size(2),
                 state = weights.size(0) / 3;
   const auto options = input.options();
   at::Tensor output = at::empty({steps, batch, state}, options);
   at::Tensor gates = at::empty({steps, batch, 3 * state}, options);
-  if (steps == 0) {
+  if (steps == 0 || batch == 0) {
     return {output, h0.clone(at::MemoryFormat::Contiguous), c0.clone(at::MemoryFormat::Contiguous), gates};
   }
-  const at::Tensor w = weights.contiguous();
-  const at::Tensor w_h = w.narrow(1, 0, state);         // (3S, S)
-  const at::Tensor w_x = w.narrow(1, state, features);  // (3S, I)
-  // gates[t] = x_t W_x^T for every t: one GEMM over T*B rows.
-  at::Tensor gates_all = gates.view({steps * batch, 3 * state});
-  at::mm_out(gates_all, input.reshape({steps * batch, features}), w_x.t());
-
+  const at::Tensor w = cpu::rows_contiguous(weights);
+  const at::Tensor x = cpu::rows_contiguous(input);  // rows of x_t at any (T, B) strides
   const at::Tensor b = cpu::contiguous_or_undefined(bias);
   const at::Tensor len = cpu::contiguous_or_undefined(lengths);
-  const at::Tensor c_init = c0.contiguous();
+  const at::Tensor h_init = h0.contiguous(), c_init = c0.contiguous();
   const bool masked = len.defined();
   // With lengths, h is carried beside the output (which is 0 past a row's
-  // length); without, h_{t-1} is output[t - 1].
-  at::Tensor h_carry = masked ? h0.clone(at::MemoryFormat::Contiguous) : at::Tensor();
-  at::Tensor hproj = at::empty({batch, 3 * state}, options);  // h_{t-1} W_h^T
-  // W_h^T made contiguous once: MKL then runs the per-step GEMM without
-  // packing W_h again on every call (16 x 128 x 384: 10 us a step instead of
-  // 17 us, for a copy of ~35 us once per sequence).
-  const at::Tensor w_h_t = w_h.t().contiguous();  // (S, 3S)
-  // c_t in two (B, S) buffers written in turn (backward recomputes the
-  // cell states, so they are not kept).
-  at::Tensor c_buf = at::empty({2, batch, state}, options);
-  const int64_t* len_ptr = masked ? len.const_data_ptr<int64_t>() : nullptr;
-  for (int64_t t = 0; t < steps; ++t) {
-    const at::Tensor h_prev = masked ? h_carry : (t == 0 ? h0 : output[t - 1]);
-    at::mm_out(hproj, h_prev, w_h_t);
-    const void* c_prev = t == 0 ? c_init.const_data_ptr() : step_ptr(c_buf, (t - 1) % 2);
-    const cpu::ForwardStep step{step_ptr(gates, t), hproj.const_data_ptr(), cpu::ptr_or_null(b), c_prev,
-                                step_ptr(c_buf, t % 2), step_ptr(output, t),
-                                masked ? h_carry.data_ptr() : nullptr, len_ptr, t, state};
-    for_rows(batch, state, [&](int64_t begin, int64_t end) { kernels.forward(step, begin, end); });
+  // length), in two buffers: h_{t-1} in carry[t % 2], h_t into the other.
+  at::Tensor carry;
+  if (masked) {
+    carry = at::empty({2, batch, state}, options);
+    carry[0].copy_(h_init);
   }
-  at::Tensor h_n = masked ? h_carry : output[steps - 1].clone(at::MemoryFormat::Contiguous);
+  // c_t in two (B, S) buffers written in turn (backward recomputes the cell
+  // states, so they are not kept).
+  at::Tensor c_buf = at::empty({2, batch, state}, options);
+  const int64_t blocks = kernels.gate_blocks(state);
+  at::Tensor packed = at::empty({kernels.gates_packed_size(state, state + features)}, options.dtype(cpu::opmath(input)));
+  const int64_t* len_ptr = masked ? len.const_data_ptr<int64_t>() : nullptr;
+  const int64_t workers = cpu::team_size(batch * 3 * state * (state + features), blocks);
+  cpu::run_team(blocks, workers, [&](int64_t j0, int64_t j1, cpu::TeamSync& sync) {
+    kernels.pack_gates(w.const_data_ptr(), w.stride(0), state, state + features, packed.data_ptr(), j0, j1);
+    for (int64_t t = 0; t < steps; ++t) {
+      cpu::ForwardStep step;
+      if (masked) {
+        step.h_prev = step_ptr(carry, t % 2);
+        step.h_carry = step_ptr(carry, (t + 1) % 2);
+      } else {
+        step.h_prev = t == 0 ? h_init.const_data_ptr() : step_ptr(output, t - 1);
+        step.h_carry = nullptr;
+      }
+      step.ld_h = state;
+      step.x = static_cast<const char*>(x.const_data_ptr()) + t * x.stride(0) * x.element_size();
+      step.ld_x = x.stride(1);
+      step.packed = packed.const_data_ptr();
+      step.bias = cpu::ptr_or_null(b);
+      step.c_prev = t == 0 ? c_init.const_data_ptr() : step_ptr(c_buf, (t - 1) % 2);
+      step.c_new = step_ptr(c_buf, t % 2);
+      step.h_new = step_ptr(output, t);
+      step.gates = step_ptr(gates, t);
+      step.lengths = len_ptr;
+      step.step = t;
+      step.batch = batch;
+      step.state = state;
+      step.features = features;
+      kernels.forward(step, j0, j1);
+      // h_t complete before any worker reads it as h_{t-1}
+      if (t + 1 < steps) sync.wait();
+    }
+  });
+  at::Tensor h_n = masked ? carry[steps % 2].clone() : output[steps - 1].clone(at::MemoryFormat::Contiguous);
   return {output, h_n, c_buf[(steps - 1) % 2].clone(at::MemoryFormat::Contiguous), gates};
 }
 
@@ -107,50 +127,93 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
   if (!(want_input || want_weights || want_bias || want_h0 || want_c0)) {
     return {not_asked(), not_asked(), not_asked(), not_asked(), not_asked()};
   }
-  const cpu::PointwiseKernels kernels = cpu::kernels_for(input);
-  const int64_t steps = input.size(0), batch = input.size(1), state = weights.size(0) / 3;
-  const at::Tensor w = weights.contiguous();
-  const at::Tensor w_h = w.narrow(1, 0, state);
-  const auto acc_options = options.dtype(at::toOpMathType(input.scalar_type()));
+  const cpu::Kernels kernels = cpu::kernels_for(input);
+  const int64_t steps = input.size(0), batch = input.size(1), features = input.size(2),
+                state = weights.size(0) / 3;
+  const auto dtype = input.scalar_type();
+  const auto acc = options.dtype(cpu::opmath(input));
+  const at::Tensor w = cpu::rows_contiguous(weights);
 
-  // Carried gradients of h (the dtype of the GEMM that produces it) and of c
-  // (fp32 for bf16 / fp16), fresh buffers updated in place every step.
-  at::Tensor dh = has(grad_h_n) ? grad_h_n->clone(at::MemoryFormat::Contiguous)
-                                : at::zeros({batch, state}, options);
-  at::Tensor dc = has(grad_c_n) ? grad_c_n->to(acc_options, /*non_blocking=*/false, /*copy=*/true,
-                                               at::MemoryFormat::Contiguous)
-                                : at::zeros({batch, state}, acc_options);
+  // Carried gradients of h and c, in opmath, updated in place.
+  at::Tensor dh = has(grad_h_n) ? grad_h_n->to(acc, false, true, at::MemoryFormat::Contiguous)
+                                : at::zeros({batch, state}, acc);
+  at::Tensor dc = has(grad_c_n) ? grad_c_n->to(acc, false, true, at::MemoryFormat::Contiguous)
+                                : at::zeros({batch, state}, acc);
   at::Tensor d_pre = at::empty({steps, batch, 3 * state}, options);
-  if (steps > 0) {
+  at::Tensor grad_bias = want_bias ? at::zeros({3 * state}, acc) : at::Tensor();
+  at::Tensor grad_h0 = want_h0 ? at::empty({batch, state}, acc) : at::Tensor();
+  if (steps > 0 && batch > 0) {
     const at::Tensor go = cpu::contiguous_or_undefined(grad_output);
-    const at::Tensor cs = seq_cells(c0, gates).contiguous(), g = gates.contiguous();
+    const at::Tensor cells = seq_cells(c0, gates).contiguous(), g = gates.contiguous();
     const at::Tensor len = cpu::contiguous_or_undefined(lengths);
-    const bool masked = len.defined();
-    const int64_t* len_ptr = masked ? len.const_data_ptr<int64_t>() : nullptr;
-    for (int64_t t = steps - 1; t >= 0; --t) {
-      const cpu::BackwardStep step{dh.data_ptr(), go.defined() ? step_ptr(go, t) : nullptr,
-                                   dc.const_data_ptr(), dc.data_ptr(), step_ptr(cs, t),
-                                   step_ptr(g, t), step_ptr(d_pre, t), len_ptr, t, state,
-                                   /*zero_grad_h=*/masked, /*dc_opmath=*/true};
-      for_rows(batch, state, [&](int64_t begin, int64_t end) { kernels.backward(step, begin, end); });
-      if (t > 0 || want_h0) {
-        // d h_{t-1} = d_pre_t W_h (+ the carried gradient on rows past their length)
-        if (masked) {
-          dh.addmm_(d_pre[t], w_h);
-        } else {
-          at::mm_out(dh, d_pre[t], w_h);
-        }
+    const int64_t* len_ptr = len.defined() ? len.const_data_ptr<int64_t>() : nullptr;
+    const int64_t blocks = kernels.gate_blocks(state);
+    at::Tensor packed = at::empty({kernels.units_packed_size(state)}, acc);
+    const int64_t workers = cpu::team_size(batch * 3 * state * state, blocks);
+    cpu::run_team(blocks, workers, [&](int64_t j0, int64_t j1, cpu::TeamSync& sync) {
+      kernels.pack_units(w.const_data_ptr(), w.stride(0), state, packed.data_ptr(), j0, j1);
+      cpu::BackwardStep step{};
+      step.packed = packed.const_data_ptr();
+      step.dh_carry = dh.data_ptr();
+      step.dc_in = dc.const_data_ptr();
+      step.dc_out = dc.data_ptr();
+      step.bias_grad = want_bias ? grad_bias.data_ptr() : nullptr;
+      step.lengths = len_ptr;
+      step.batch = batch;
+      step.state = state;
+      for (int64_t t = steps - 1; t >= 0; --t) {
+        step.d_pre_next = t + 1 < steps ? step_ptr(d_pre, t + 1) : nullptr;
+        step.grad_out = go.defined() ? step_ptr(go, t) : nullptr;
+        step.cell = step_ptr(cells, t);
+        step.gates = step_ptr(g, t);
+        step.d_pre = step_ptr(d_pre, t);
+        step.step = t;
+        kernels.backward(step, j0, j1);
+        // d_pre_t complete before any worker multiplies it by W_h
+        if (t > 0 || want_h0) sync.wait();
       }
-    }
+      if (want_h0) {
+        // d h0 = d_pre_0 W_h (+ the carried gradient on rows of length 0)
+        step.d_pre_next = step_ptr(d_pre, 0);
+        step.dh_out = grad_h0.data_ptr();
+        step.step = -1;
+        kernels.backward(step, j0, j1);
+      }
+    });
+  } else if (want_h0) {
+    grad_h0.copy_(dh);
   }
 
-  auto [grad_input, grad_weights, grad_bias] = seq_parameter_gradients(
-      d_pre, input, weights, h0, output, want_input, want_weights, want_bias);
-  // dh and dc are this call's own buffers: fresh outputs as they are.
-  at::Tensor grad_h0 = want_h0 ? dh : not_asked();
-  at::Tensor grad_c0 = not_asked();
-  if (want_c0) grad_c0 = dc.scalar_type() == input.scalar_type() ? dc : dc.to(input.scalar_type());
-  return {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
+  at::Tensor grad_input = not_asked();
+  if (want_input) {
+    // dx = d_pre W_x over all T*B rows
+    grad_input = at::empty({steps * batch, features}, acc);
+    cpu::gemm_out(kernels, grad_input, d_pre.const_data_ptr(), 3 * state, 1,
+                  static_cast<const char*>(w.const_data_ptr()) + state * w.element_size(), w.stride(0), 3 * state);
+    grad_input = grad_input.view({steps, batch, features}).to(dtype);
+  }
+  at::Tensor grad_weights = not_asked();
+  if (want_weights) {
+    grad_weights = at::empty({3 * state, state + features}, acc);
+    // dW = sum_t d_pre_t^T [h_{t-1} | x_t]: A = d_pre^T (strides 1, 3S) over
+    // all T*B rows; h_{t-1} = h0 at t = 0, else output[t - 1] (equal to the
+    // carried h on every row still inside its length, the only rows with
+    // d_pre != 0).
+    const at::Tensor gw_h = grad_weights.narrow(1, 0, state), gw_x = grad_weights.narrow(1, state, features);
+    const at::Tensor x = input.contiguous(), h_init = h0.contiguous(), out = output.contiguous();
+    const int64_t ld = 3 * state;
+    cpu::gemm_out(kernels, gw_x, d_pre.const_data_ptr(), 1, ld, x.const_data_ptr(), features, steps * batch);
+    cpu::gemm_out(kernels, gw_h, d_pre.const_data_ptr(), 1, ld, h_init.const_data_ptr(), state,
+                  steps > 0 ? batch : 0);
+    if (steps > 1) {
+      cpu::gemm_out(kernels, gw_h, step_ptr(d_pre, 1), 1, ld, out.const_data_ptr(), state, (steps - 1) * batch,
+                    /*accumulate=*/true);
+    }
+    grad_weights = grad_weights.to(dtype);
+  }
+  // The carried gradients are this call's own buffers: fresh outputs.
+  return {grad_input, grad_weights, want_bias ? grad_bias.to(dtype) : not_asked(),
+          want_h0 ? grad_h0.to(dtype) : not_asked(), want_c0 ? dc.to(dtype) : not_asked()};
 }
 
 }  // namespace

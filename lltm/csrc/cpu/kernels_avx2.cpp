@@ -1,6 +1,6 @@
-// The fused CPU passes compiled for AVX2 + FMA (8 floats per vector, Sleef's
+// The fused CPU kernels compiled for AVX2 + FMA (8 floats per vector, Sleef's
 // vectorised exp / expm1 / tanh from libtorch), used where torch itself runs
-// with CPU capability AVX2 (see pointwise.h). Only GCC on x86-64 can switch
+// with CPU capability AVX2 (see kernels.h). Only GCC on x86-64 can switch
 // the instruction set inside a file; elsewhere this build is absent.
 #include "baseline_headers.h"
 
@@ -18,18 +18,18 @@
 #endif
 #define CPU_CAPABILITY AVX2
 #define CPU_CAPABILITY_AVX2
-#include "cell_math.h"
+#include "step_kernels.h"
 #endif
 
 namespace lltm {
 namespace cpu {
 
-PointwiseKernels pointwise_avx2(c10::ScalarType dtype) {
+Kernels kernels_avx2(c10::ScalarType dtype) {
 #ifdef LLTM_HAVE_AVX2_BUILD
   return AVX2::kernels_for(dtype);
 #else
   (void)dtype;
-  return {nullptr, nullptr};
+  return {};
 #endif
 }
 

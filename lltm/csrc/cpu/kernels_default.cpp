@@ -1,15 +1,15 @@
-// The fused CPU passes with the baseline instruction set (x86-64: SSE2), the
+// The fused CPU kernels with the baseline instruction set (x86-64: SSE2), the
 // fallback on every CPU and the only build on other architectures and
-// compilers (see pointwise.h).
+// compilers (see kernels.h).
 #include "baseline_headers.h"
 
 #define CPU_CAPABILITY DEFAULT
-#include "cell_math.h"
+#include "step_kernels.h"
 
 namespace lltm {
 namespace cpu {
 
-PointwiseKernels pointwise_default(c10::ScalarType dtype) {
+Kernels kernels_default(c10::ScalarType dtype) {
   return DEFAULT::kernels_for(dtype);
 }
 

@@ -1,6 +1,6 @@
-// The fused CPU passes compiled for AVX-512 (F, BW, VL, DQ) + FMA: 16 floats
+// The fused CPU kernels compiled for AVX-512 (F, BW, VL, DQ) + FMA: 16 floats
 // per vector, Sleef's vectorised exp / expm1 / tanh from libtorch. Used where
-// torch itself runs with CPU capability AVX512 (see pointwise.h). Only GCC
+// torch itself runs with CPU capability AVX512 (see kernels.h). Only GCC
 // on x86-64 can switch the instruction set inside a file; elsewhere this
 // build is absent.
 #include "baseline_headers.h"
@@ -22,18 +22,18 @@
 #endif
 #define CPU_CAPABILITY AVX512
 #define CPU_CAPABILITY_AVX512
-#include "cell_math.h"
+#include "step_kernels.h"
 #endif
 
 namespace lltm {
 namespace cpu {
 
-PointwiseKernels pointwise_avx512(c10::ScalarType dtype) {
+Kernels kernels_avx512(c10::ScalarType dtype) {
 #ifdef LLTM_HAVE_AVX512_BUILD
   return AVX512::kernels_for(dtype);
 #else
   (void)dtype;
-  return {nullptr, nullptr};
+  return {};
 #endif
 }
 

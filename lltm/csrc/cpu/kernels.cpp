@@ -1,4 +1,4 @@
-// Run-time choice of the fused CPU passes: the build matching the CPU
+// Run-time choice of the fused CPU kernels: the build matching the CPU
 // capability torch itself uses (at::get_cpu_capability(): the best the CPU
 // supports, or the one ATEN_CPU_CAPABILITY asks for), falling back to a
 // narrower build where a wider one is absent.
@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "pointwise.h"
+#include "kernels.h"
 
 namespace lltm {
 namespace cpu {
@@ -28,10 +28,10 @@ Capability torch_capability() {
 Capability usable_capability() {
   static const Capability cap = [] {
     Capability c = torch_capability();
-    if (c == Capability::kAvx512 && pointwise_avx512(c10::ScalarType::Float).forward == nullptr) {
+    if (c == Capability::kAvx512 && kernels_avx512(c10::ScalarType::Float).forward == nullptr) {
       c = Capability::kAvx2;
     }
-    if (c == Capability::kAvx2 && pointwise_avx2(c10::ScalarType::Float).forward == nullptr) {
+    if (c == Capability::kAvx2 && kernels_avx2(c10::ScalarType::Float).forward == nullptr) {
       c = Capability::kDefault;
     }
     return c;
@@ -41,18 +41,18 @@ Capability usable_capability() {
 
 }  // namespace
 
-PointwiseKernels pointwise_kernels(c10::ScalarType dtype) {
+Kernels kernels_for_dtype(c10::ScalarType dtype) {
   switch (usable_capability()) {
     case Capability::kAvx512:
-      return pointwise_avx512(dtype);
+      return kernels_avx512(dtype);
     case Capability::kAvx2:
-      return pointwise_avx2(dtype);
+      return kernels_avx2(dtype);
     default:
-      return pointwise_default(dtype);
+      return kernels_default(dtype);
   }
 }
 
-const char* pointwise_capability() {
+const char* kernels_capability() {
   switch (usable_capability()) {
     case Capability::kAvx512:
       return "avx512";
@@ -66,8 +66,8 @@ const char* pointwise_capability() {
 }  // namespace cpu
 }  // namespace lltm
 
-// Which build of the passes runs in this process: "avx512", "avx2" or
+// Which build of the kernels runs in this process: "avx512", "avx2" or
 // "default" (tests check that ATEN_CPU_CAPABILITY reaches every build).
 TORCH_LIBRARY_FRAGMENT(lltm, m) {
-  m.def("_fused_cpu_capability() -> str", [] { return std::string(lltm::cpu::pointwise_capability()); });
+  m.def("_fused_cpu_capability() -> str", [] { return std::string(lltm::cpu::kernels_capability()); });
 }
