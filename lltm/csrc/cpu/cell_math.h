@@ -38,15 +38,20 @@ inline Vec<T> exp_vec(const Vec<T>& x) {
   return x.exp();
 }
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-// float e^x inline, within 2 ulp: the calls into Sleef cost more than their
-// arithmetic here (each spills the live vector registers), and the pass makes
-// four per element. x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two so
-// that n ln2 is exact), e^r by its Taylor series to r^7 (truncation < 6e-9),
-// 2^n from the exponent bits. x is clamped to [-87, 88] so that 2^n stays a
-// normal float: e^x saturates at e^-87 and e^88 outside, which the gates never
-// tell apart from 0 and infinity (1 / (1 + e^88) < 1e-38).
-template <>
-inline Vec<float> exp_vec(const Vec<float>& x_in) {
+// float e^x and e^x - 1 inline, within 2 ulp: the calls into Sleef cost more
+// than their arithmetic here (each spills the live vector registers), and
+// the forward pass makes four per element. x = n ln2 + r with |r| <= ln2 / 2
+// (ln2 split in two so that n ln2 is exact); p = e^r - 1 by its Taylor
+// series to r^7 (truncation < 2e-8 relative), s = 2^n from the exponent bits:
+//   e^x = s p + s,   e^x - 1 = s p + (s - 1)
+// the latter exact in its last step where n = 0 (|x| < ln2 / 2), the range
+// where e^x - 1 would cancel. x is clamped to [-87, 88] so that 2^n stays a
+// normal float: e^x saturates at e^-87 and e^88 outside, which the gates
+// never tell apart from 0 and infinity (1 / (1 + e^88) < 1e-38).
+struct ExpParts {
+  Vec<float> p, s;
+};
+inline ExpParts exp_parts(const Vec<float>& x_in) {
   const Vec<float> x = at::vec::clamp(x_in, Vec<float>(-87.0f), Vec<float>(88.0f));
   const Vec<float> n = (x * Vec<float>(1.44269504088896341f)).round();  // x / ln2
   Vec<float> r = at::vec::fmadd(n, Vec<float>(-0.693359375f), x);
@@ -58,9 +63,13 @@ inline Vec<float> exp_vec(const Vec<float>& x_in) {
   p = at::vec::fmadd(p, r, Vec<float>(1.0f / 6));
   p = at::vec::fmadd(p, r, Vec<float>(0.5f));
   p = at::vec::fmadd(p, r, Vec<float>(1.0f));
-  p = at::vec::fmadd(p, r, Vec<float>(1.0f));
   const Vec<int32_t> biased = at::vec::convert_to_int_of_same_size(n) + Vec<int32_t>(127);
-  return p * at::vec::cast<float>(biased << Vec<int32_t>(23));
+  return {p * r, at::vec::cast<float>(biased << Vec<int32_t>(23))};
+}
+template <>
+inline Vec<float> exp_vec(const Vec<float>& x) {
+  const ExpParts e = exp_parts(x);
+  return at::vec::fmadd(e.s, e.p, e.s);
 }
 #endif
 
@@ -114,6 +123,15 @@ inline Vec<T> expm1(const Vec<T>& x) {
   const Vec<T> one(T(1));
   return Vec<T>::blendv(exp_vec(x) - one, p * x, x.abs() < Vec<T>(T(0.35)));
 }
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+// float: one range reduction and one polynomial (see exp_parts) instead of
+// the series and e^x above.
+template <>
+inline Vec<float> expm1(const Vec<float>& x) {
+  const ExpParts e = exp_parts(x);
+  return at::vec::fmadd(e.s, e.p, e.s - Vec<float>(1.0f));
+}
+#endif
 template <typename T>
 inline Vec<T> elu(const Vec<T>& z) {
   return Vec<T>::blendv(expm1(z), z, z > Vec<T>(T(0)));
