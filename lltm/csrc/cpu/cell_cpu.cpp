@@ -1,8 +1,9 @@
 // "fused" backend on the CPU, cell operators: one step of the sequence
 // operators' kernels (seq_cpu.cpp, kernels.h). Forward is the fused GEMM +
-// cell kernel on [old_h | input] and W packed for it; backward is the cell's
-// backward math (with the bias gradient summed on the way), then the GEMMs
-// of the gradients asked for.
+// cell kernel on [old_h | input] and W packed for it (kept between calls
+// while W is unchanged: packed_weights.h); backward is the cell's backward
+// math (with the bias gradient summed on the way), then the GEMMs of the
+// gradients asked for.
 //
 // Same results and conventions as the aten backend (aten/cell_aten.cpp):
 // output_mask, fresh (0,) placeholders for gradients not asked for, fresh
@@ -15,6 +16,7 @@
 #include "../lltm.h"
 #include "common.h"
 #include "kernels.h"
+#include "packed_weights.h"
 
 namespace lltm {
 namespace {
@@ -32,11 +34,11 @@ CellForwardResult fused_cell_forward_cpu(const at::Tensor& input,      // (B, I)
   at::Tensor new_cell = at::empty({batch, state}, options);
   at::Tensor gates = at::empty({batch, 3 * state}, options);
   if (batch == 0) return {new_h, new_cell, gates};
-  const at::Tensor w = cpu::rows_contiguous(weights), x = cpu::rows_contiguous(input),
-                   h = cpu::rows_contiguous(old_h), c = old_cell.contiguous(),
+  const at::Tensor x = cpu::rows_contiguous(input), h = cpu::rows_contiguous(old_h), c = old_cell.contiguous(),
                    b = cpu::contiguous_or_undefined(bias);
   const int64_t blocks = kernels.gate_blocks(state);
-  at::Tensor packed = at::empty({kernels.gates_packed_size(state, state + features)}, options.dtype(cpu::opmath(input)));
+  const int64_t workers = cpu::team_size(batch * 3 * state * (state + features), blocks);
+  const at::Tensor packed = cpu::packed_gates(kernels, weights, state, features, workers);
   cpu::ForwardStep step{};
   step.h_prev = h.const_data_ptr();
   step.ld_h = h.stride(0);
@@ -51,11 +53,7 @@ CellForwardResult fused_cell_forward_cpu(const at::Tensor& input,      // (B, I)
   step.batch = batch;
   step.state = state;
   step.features = features;
-  const int64_t workers = cpu::team_size(batch * 3 * state * (state + features), blocks);
-  cpu::run_team(blocks, workers, [&](int64_t j0, int64_t j1, cpu::TeamSync&) {
-    kernels.pack_gates(w.const_data_ptr(), w.stride(0), state, state + features, packed.data_ptr(), j0, j1);
-    kernels.forward(step, j0, j1);
-  });
+  cpu::run_team(blocks, workers, [&](int64_t j0, int64_t j1, cpu::TeamSync&) { kernels.forward(step, j0, j1); });
   return {new_h, new_cell, gates};
 }
 
