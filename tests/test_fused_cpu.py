@@ -2,7 +2,12 @@
 (test_parity, test_compile, ... cover it through lltm._backends.NAMES):
 
 - state sizes that do not fill a vector (S = 1, 3, 17, 70), cell and layer;
-- the same results with 1 and 2 threads (the pointwise pass splits rows);
+- every output element written: the suites' cases rerun with fresh memory
+  filled with NaN (deterministic mode's fill of uninitialized memory);
+- the same results with 1 and 2 threads (a team of threads splits the unit
+  blocks of every step; uneven splits, variable lengths);
+- the cell's packed weights kept between calls: repacked after an in-place
+  update (version counter), never taken for another tensor;
 - bfloat16 and float16 by the rule "error <= 2x the error of plain PyTorch
   in the same dtype", against a float64 reference;
 - layers of T = 0, 1 and 300 steps, variable lengths, bias None,
@@ -13,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
@@ -158,29 +164,164 @@ def test_module_batch_first_matches_reference():
     torch.testing.assert_close((h, c), (h_ref, c_ref))
 
 
-@pytest.mark.parametrize("family", ["cell", "layer"])
-def test_one_and_two_threads_agree(family):
-    """Large enough that the pointwise passes split rows over two threads."""
-    if family == "cell":
-        args = list(make_inputs(96, 40, 256, dtype=torch.float32, seed=5, requires_grad=False))
-        fn = cell_fn("fused")
-    else:
-        args = seq_inputs(4, 96, 40, 256, seed=5)
-        fn = layer_fn("fused")
-    probe = fn(*args)
-    grads = out_grads_like(list(probe))
+@contextlib.contextmanager
+def threads(n: int):
     before = torch.get_num_threads()
+    torch.set_num_threads(n)
     try:
-        torch.set_num_threads(1)
-        one = run(fn, args, grads)
-        torch.set_num_threads(2)
-        two = run(fn, args, grads)
+        yield
     finally:
         torch.set_num_threads(before)
+
+
+# Large enough that each step's work splits over two threads; S = 70 splits
+# into unit blocks of unequal count (5 blocks of 16 floats on AVX-512).
+LENGTHS_64 = [5, 0, 3] * 21 + [4]
+THREAD_CASES = {
+    "cell": lambda: (cell_fn("fused"), list(make_inputs(96, 40, 256, seed=5, requires_grad=False))),
+    "cell-S70": lambda: (cell_fn("fused"), list(make_inputs(64, 40, 70, seed=6, requires_grad=False))),
+    "layer": lambda: (layer_fn("fused"), seq_inputs(4, 96, 40, 256, seed=5)),
+    "layer-S70-lengths": lambda: (layer_fn("fused", torch.tensor(LENGTHS_64)), seq_inputs(5, 64, 40, 70, seed=7)),
+}
+
+
+@pytest.mark.parametrize("case", list(THREAD_CASES))
+def test_one_and_two_threads_agree(case):
+    fn, args = THREAD_CASES[case]()
+    probe = fn(*args)
+    grads = out_grads_like(list(probe))
+    with threads(1):
+        one = run(fn, args, grads)
+    with threads(2):
+        two = run(fn, args, grads)
     for k, (a, b) in enumerate(zip(one, two)):
-        # the pass is the same per row whatever the split; only the GEMM's
-        # summation order may change with the thread count
+        # each unit's math is the same whatever the split; only the
+        # summation order of the weight gradients may change
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m: f"output {k}: {m}")
+
+
+@pytest.mark.parametrize("case", ["cell-S70", "layer-S70-lengths"])
+def test_two_threads_match_reference(case):
+    fn, args = THREAD_CASES[case]()
+    ref_fn = lltm_cell_reference if case.startswith("cell") else layer_fn("reference", torch.tensor(LENGTHS_64))
+    names = CELL_NAMES if case.startswith("cell") else SEQ_NAMES
+    with threads(2):
+        check_against_reference(fn, ref_fn, args, torch.float32, names)
+
+
+@contextlib.contextmanager
+def poisoned_memory():
+    """Fresh tensors (the operators' outputs and buffers) filled with NaN."""
+    before = torch.are_deterministic_algorithms_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
+# (T or 0 for the cell, B, I, S, lengths): batch 0, 1 and 3, states that do
+# not fill a vector, rows past their length, one and two threads
+POISON_CASES = [
+    (0, 0, 4, 6, None),
+    (0, 1, 5, 3, None),
+    (0, 3, 7, 17, None),
+    (0, 64, 40, 70, None),
+    (4, 0, 3, 5, None),
+    (5, 1, 2, 33, None),
+    (6, 3, 4, 17, [6, 0, 2]),
+    (5, 64, 40, 70, LENGTHS_64),
+]
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("case", POISON_CASES, ids=lambda c: "x".join(map(str, c[:4])) + ("-lengths" if c[4] else ""))
+def test_every_element_written(case, dtype, n_threads):
+    """Every output element is written (a NaN left in one fails), and right:
+    float32 by the suite's rule; bfloat16 within its own rounding (the 2x
+    rule is test_*_odd_state_sizes', on enough elements to decide it)."""
+    T, B, I, S, lengths = case
+    lens = None if lengths is None else torch.tensor(lengths)
+    if T == 0:
+        args = list(make_inputs(B, I, S, dtype=dtype, seed=S, requires_grad=False))
+        fn, ref_fn, names = cell_fn("fused"), lltm_cell_reference, CELL_NAMES
+    else:
+        args = seq_inputs(T, B, I, S, dtype=dtype, seed=S)
+        fn, ref_fn, names = layer_fn("fused", lens), layer_fn("reference", lens), SEQ_NAMES
+    probe = ref_fn(*[a.detach().double() for a in args])
+    grads = out_grads_like(list(probe))
+    with poisoned_memory(), threads(n_threads):
+        got = run(fn, args, [g.to(dtype) for g in grads])
+    ref = run(ref_fn, [a.double() for a in args], grads)
+    if dtype == torch.float32:
+        assert_matches(got, ref, dtype, names=names)
+        return
+    for name, o, r in zip(names, got, ref):
+        assert o.dtype == dtype and o.shape == r.shape and torch.isfinite(o).all(), name
+        assert rel_err(o, r) <= 5e-2, f"{name}: {rel_err(o, r):.2e}"
+
+
+def test_packed_weights_follow_in_place_updates():
+    """The cell's packed W is reused while W is unchanged, and repacked after
+    an in-place update (its version counter moves): a training loop of cells."""
+    torch.manual_seed(0)
+    cell = lltm.LLTMCell(7, 19, backend="fused", dtype=torch.float64)
+    ref = lltm.LLTMCell(7, 19, backend="python", dtype=torch.float64)
+    ref.load_state_dict(cell.state_dict())
+    opt, opt_ref = torch.optim.SGD(cell.parameters(), lr=0.5), torch.optim.SGD(ref.parameters(), lr=0.5)
+    x = torch.randn(5, 3, 7, dtype=torch.float64)
+    for _ in range(3):
+        for model, o in ((cell, opt), (ref, opt_ref)):
+            o.zero_grad()
+            state = None
+            for t in range(5):  # the same W, step after step
+                state = model(x[t], state)
+            (state[0].sum() + state[1].square().sum()).backward()
+            o.step()
+        torch.testing.assert_close(cell.weights, ref.weights, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():
+        cell.weights.mul_(-1.0)  # in place, outside autograd
+        ref.weights.mul_(-1.0)
+        torch.testing.assert_close(cell(x[0])[0], ref(x[0])[0], rtol=1e-10, atol=1e-12)
+
+
+def test_packed_weights_never_taken_for_another_tensor():
+    """A W freed and another allocated in its place (same address, shape and
+    version 0) is packed anew: the cache holds its tensors weakly."""
+    args = list(make_inputs(4, 5, 16, dtype=torch.float32, seed=1, requires_grad=False))
+    first = torch.ops.lltm.fused_cell_forward(*args)[0]
+    address = args[1].data_ptr()
+    args[1] = None
+    for seed in range(2, 40):
+        W = make_inputs(4, 5, 16, dtype=torch.float32, seed=seed, requires_grad=False)[1]
+        if W.data_ptr() == address:
+            break
+    args[1] = W
+    got = torch.ops.lltm.fused_cell_forward(*args)[0]
+    ref = lltm_cell_reference(*[a.double() for a in args])[0]
+    torch.testing.assert_close(got, ref.float(), rtol=1e-5, atol=1e-6)
+    assert not torch.equal(got, first)
+
+
+def test_packed_weights_of_views_and_inference_tensors():
+    """Strided rows (packed from a copy each call) and inference tensors (no
+    version counter) give the same results as a plain W."""
+    x, W, b, h, c = make_inputs(3, 5, 9, dtype=torch.float32, seed=2, requires_grad=False)
+    expected = torch.ops.lltm.fused_cell_forward(x, W, b, h, c)[0]
+    W_strided = W.t().contiguous().t()
+    assert W_strided.stride(1) != 1
+    torch.testing.assert_close(torch.ops.lltm.fused_cell_forward(x, W_strided, b, h, c)[0], expected)
+    with torch.inference_mode():
+        W_inf = W.clone()
+        for _ in range(2):
+            torch.testing.assert_close(torch.ops.lltm.fused_cell_forward(x, W_inf, b, h, c)[0], expected)
+            W_inf.mul_(1.0)
+    torch.ops.lltm._fused_cpu_clear_weight_cache()
+    torch.testing.assert_close(torch.ops.lltm.fused_cell_forward(x, W, b, h, c)[0], expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
@@ -213,19 +354,25 @@ x = torch.randn(4, 33, 7, dtype=torch.float64)
 W = torch.randn(3 * 37, 37 + 7, dtype=torch.float64) * 0.2
 b = torch.randn(3 * 37, dtype=torch.float64)
 h0, c0 = torch.randn(2, 33, 37, dtype=torch.float64)
+lengths = torch.tensor([4, 0, 2] * 11)
 rows = []
 for dtype in (torch.float32, torch.float64, torch.bfloat16):
     args = [a.to(dtype).clone().requires_grad_() for a in (x, W, b, h0, c0)]
     out, (h, c) = functional.lltm(*args, backend="fused")
-    (out.double().sin().sum() + h.double().sum() + c.double().cos().sum()).backward()
-    rows.append([t.detach().double() for t in (out, h, c)] + [a.grad.double() for a in args])
+    out_l, (h_l, c_l) = functional.lltm(*args, lengths=lengths, backend="fused")
+    h_1, c_1 = functional.lltm_cell(args[0][0], *args[1:], backend="fused")
+    loss = out.double().sin().sum() + h.double().sum() + c.double().cos().sum()
+    loss = loss + out_l.double().sum() + h_l.double().cos().sum() + c_l.double().sum()
+    (loss + h_1.double().sin().sum() + c_1.double().sum()).backward()
+    rows.append([t.detach().double() for t in (out, h, c, out_l, h_l, c_l, h_1, c_1)] + [a.grad.double() for a in args])
 torch.save((torch.backends.cpu.get_cpu_capability(), torch.ops.lltm._fused_cpu_capability(), rows), {path!r})
 """
 
 
 def test_every_capability_build_agrees(tmp_path):
-    """The baseline, AVX2 and AVX-512 builds of the pass give the same
-    results (to rounding) wherever torch can run each on this CPU."""
+    """The baseline, AVX2 and AVX-512 builds of the kernels give the same
+    results (to rounding) wherever torch can run each on this CPU: a layer
+    with and without lengths and a cell, forward and every gradient."""
     root = Path(__file__).resolve().parents[1]
     results = {}
     for cap in ("default", "avx2", "avx512"):
@@ -237,10 +384,10 @@ def test_every_capability_build_agrees(tmp_path):
         )
         assert proc.returncode == 0, proc.stderr
         used, build, rows = torch.load(path)
-        # the build of the passes follows torch's own capability (x86-64 GCC
+        # the build of the kernels follows torch's own capability (x86-64 GCC
         # builds have all three; elsewhere only the baseline one)
         if platform.machine() in ("x86_64", "AMD64"):
-            assert build == used.lower(), f"torch runs {used}, the fused passes {build}"
+            assert build == used.lower(), f"torch runs {used}, the fused kernels {build}"
         results[used] = rows
     assert "DEFAULT" in results, f"ran with {sorted(results)}"
     base = results["DEFAULT"]
