@@ -6,11 +6,13 @@
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/Utils.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "kernels.h"
@@ -30,6 +32,27 @@ inline Kernels kernels_for(const at::Tensor& t) {
 }
 
 inline bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
+// Whether the GEMMs of `t`'s dtype over all T*B rows (the gradients of the
+// weights and of the input) go to at::mm, i.e. oneDNN: for bfloat16 where
+// the CPU multiplies it natively (AVX512-BF16 or AMX) and torch runs its
+// AVX-512 kernels. oneDNN picks its kernels by instruction set, not by
+// vendor, and its bfloat16 dot products run at twice the rate of an fp32
+// multiply-add kernel (one core of the AMD EPYC of docs/benchmarks.md:
+// 3200 x 768 x 256 in 2.7 ms, 12.4 ms through the backend's own GEMM in
+// fp32). Elsewhere the backend's own GEMM.
+inline bool bf16_gemm_by_onednn(const at::Tensor& t) {
+  static const bool native = [] {
+    if (std::string(kernels_capability()) != "avx512") return false;
+    const auto caps = at::cpu::get_cpu_capabilities();
+    const auto flag = [&](const char* name) {
+      const auto it = caps.find(name);
+      return it != caps.end() && it->second.isBool() && it->second.toBool();
+    };
+    return flag("avx512_bf16") || flag("amx_bf16");
+  }();
+  return native && t.scalar_type() == at::kBFloat16;
+}
 
 // A contiguous copy (or the tensor itself when already contiguous) of an
 // optional tensor; undefined when absent.

@@ -153,13 +153,31 @@ void gemm(const Gemm& g, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_
     return;
   }
   const int64_t panels = (n_end - n_begin + NW - 1) / NW;
+  // bfloat16 / half operands are converted once per block of K, not per
+  // multiply-add: A's rows [m_begin, m_end) into [m][k] (a broadcast from
+  // memory is then one instruction), B's panels as below.
+  constexpr bool convert = !std::is_same_v<scalar_t, T>;
+  std::vector<T> a_block(convert ? static_cast<size_t>((m_end - m_begin) * kKc) : 0);
   // A panel of B (kKc rows x NW columns) packed [k][NW], where B cannot be
-  // read in place: bfloat16 / half (converted once here, not per row tile)
-  // or columns that do not fill the panel's vectors.
+  // read in place: converted, or columns that do not fill the panel's vectors.
   std::vector<T> packed;
   for (int64_t k0 = 0; k0 < g.k; k0 += kKc) {
     const int64_t kc = std::min(kKc, g.k - k0);
     const bool load_c = g.accumulate || k0 > 0;
+    const T* a_base = nullptr;  // A(m, k0 + kk) at a_base[(m - m_begin) * a_rs + kk * a_ks]
+    int64_t a_rs = g.a_rs, a_ks = g.a_ks;
+    if constexpr (convert) {
+      for (int64_t m = m_begin; m < m_end; ++m) {
+        const scalar_t* src = a + m * g.a_rs + k0 * g.a_ks;
+        T* dst = a_block.data() + (m - m_begin) * kc;
+        for (int64_t kk = 0; kk < kc; ++kk) dst[kk] = static_cast<T>(src[kk * g.a_ks]);
+      }
+      a_base = a_block.data();
+      a_rs = kc;
+      a_ks = 1;
+    } else {
+      a_base = a + m_begin * g.a_rs + k0 * g.a_ks;
+    }
     // One tile: rows [m0, m0 + M) x the NR vectors of the panel at column
     // col, B's rows at bp, ldp apart.
     const auto tile = [&]<int M, int NR>(int64_t m0, int64_t col, const T* bp, int64_t ldp) {
@@ -172,7 +190,7 @@ void gemm(const Gemm& g, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_
           acc[r][n] = load_c && cnt > 0 ? load(c + (m0 + r) * g.ldc + col + n * V, cnt) : Vec<T>(T(0));
         }
       }
-      mac_tile<M, NR>(acc, a + m0 * g.a_rs + k0 * g.a_ks, g.a_rs, g.a_ks, kc, bp, ldp);
+      mac_tile<M, NR>(acc, a_base + (m0 - m_begin) * a_rs, a_rs, a_ks, kc, bp, ldp);
 #pragma GCC unroll 16
       for (int r = 0; r < M; ++r) {
 #pragma GCC unroll 4
@@ -188,7 +206,7 @@ void gemm(const Gemm& g, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_
       const int64_t col = n_begin + p * NW, cols = std::min(NW, n_end - col), vectors = (cols + V - 1) / V;
       const T* bp = nullptr;
       int64_t ldp = NW;
-      if constexpr (std::is_same_v<scalar_t, T>) {
+      if constexpr (!convert) {
         if (cols % V == 0) {
           bp = b + k0 * g.ldb + col;
           ldp = g.ldb;
@@ -256,9 +274,17 @@ template <typename T, typename src_t>
 inline void transpose_into(const src_t* src, int64_t ld_src, int64_t rows, int64_t cols, T* dst, int64_t ld_dst) {
   int64_t k0 = 0;
 #if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (std::is_same_v<T, float> && std::is_same_v<src_t, float>) {
+  if constexpr (std::is_same_v<T, float>) {
     if (rows == 16) {
-      for (; k0 + 16 <= cols; k0 += 16) transpose_16x16(src + k0, ld_src, dst + k0 * ld_dst, ld_dst);
+      for (; k0 + 16 <= cols; k0 += 16) {
+        if constexpr (std::is_same_v<src_t, float>) {
+          transpose_16x16(src + k0, ld_src, dst + k0 * ld_dst, ld_dst);
+        } else {  // bfloat16 / half: widened block by block
+          float block[16 * 16];
+          for (int64_t u = 0; u < 16; ++u) store(block + u * 16, load(src + u * ld_src + k0));
+          transpose_16x16(block, 16, dst + k0 * ld_dst, ld_dst);
+        }
+      }
     }
   }
 #endif

@@ -12,7 +12,8 @@
 // GEMM + cell-backward kernel per panel of unit blocks, dh_t = d_pre_{t+1} W_h
 // into the gate derivatives of step t; the bias gradient is summed in the
 // same kernel. The gradients of the input and the weights are GEMMs over all
-// T*B rows afterwards.
+// T*B rows afterwards (bfloat16 with native bfloat16 multiplies: at::mm,
+// see common.h).
 //
 // Threads: the unit blocks are split over a team that runs the
 // whole time loop in one parallel region, each thread packing and keeping
@@ -77,16 +78,11 @@ SeqForwardResult fused_seq_forward_cpu(const at::Tensor& input,                 
     kernels.pack_gates(w.const_data_ptr(), w.stride(0), state, state + features, packed.data_ptr(), j0, j1);
     for (int64_t t = 0; t < steps; ++t) {
       cpu::ForwardStep step;
-      if (masked) {
-        step.h_prev = step_ptr(carry, t % 2);
-        step.h_carry = step_ptr(carry, (t + 1) % 2);
-      } else {
-        step.h_prev = t == 0 ? h_init.const_data_ptr() : step_ptr(output, t - 1);
-        step.h_carry = nullptr;
-      }
+      step.h_prev = masked ? step_ptr(carry, t % 2) : t == 0 ? h_init.const_data_ptr() : step_ptr(output, t - 1);
       step.ld_h = state;
       step.x = static_cast<const char*>(x.const_data_ptr()) + t * x.stride(0) * x.element_size();
       step.ld_x = x.stride(1);
+      step.h_carry = masked ? step_ptr(carry, (t + 1) % 2) : nullptr;
       step.packed = packed.const_data_ptr();
       step.bias = cpu::ptr_or_null(b);
       step.c_prev = t == 0 ? c_init.const_data_ptr() : step_ptr(c_buf, (t - 1) % 2);
@@ -184,32 +180,37 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
     grad_h0.copy_(dh);
   }
 
-  at::Tensor grad_input = not_asked();
-  if (want_input) {
-    // dx = d_pre W_x over all T*B rows
-    grad_input = at::empty({steps * batch, features}, acc);
-    cpu::gemm_out(kernels, grad_input, d_pre.const_data_ptr(), 3 * state, 1,
-                  static_cast<const char*>(w.const_data_ptr()) + state * w.element_size(), w.stride(0), 3 * state);
-    grad_input = grad_input.view({steps, batch, features}).to(dtype);
-  }
-  at::Tensor grad_weights = not_asked();
-  if (want_weights) {
-    grad_weights = at::empty({3 * state, state + features}, acc);
-    // dW = sum_t d_pre_t^T [h_{t-1} | x_t]: A = d_pre^T (strides 1, 3S) over
-    // all T*B rows; h_{t-1} = h0 at t = 0, else output[t - 1] (equal to the
-    // carried h on every row still inside its length, the only rows with
-    // d_pre != 0).
-    const at::Tensor gw_h = grad_weights.narrow(1, 0, state), gw_x = grad_weights.narrow(1, state, features);
-    const at::Tensor x = input.contiguous(), h_init = h0.contiguous(), out = output.contiguous();
-    const int64_t ld = 3 * state;
-    cpu::gemm_out(kernels, gw_x, d_pre.const_data_ptr(), 1, ld, x.const_data_ptr(), features, steps * batch);
-    cpu::gemm_out(kernels, gw_h, d_pre.const_data_ptr(), 1, ld, h_init.const_data_ptr(), state,
-                  steps > 0 ? batch : 0);
-    if (steps > 1) {
-      cpu::gemm_out(kernels, gw_h, step_ptr(d_pre, 1), 1, ld, out.const_data_ptr(), state, (steps - 1) * batch,
-                    /*accumulate=*/true);
+  at::Tensor grad_input = not_asked(), grad_weights = not_asked();
+  if (cpu::bf16_gemm_by_onednn(input)) {
+    std::tie(grad_input, grad_weights, std::ignore) = seq_parameter_gradients(
+        d_pre, input, weights, h0, output, want_input, want_weights, /*want_bias=*/false);
+  } else {
+    if (want_input) {
+      // dx = d_pre W_x over all T*B rows
+      grad_input = at::empty({steps * batch, features}, acc);
+      cpu::gemm_out(kernels, grad_input, d_pre.const_data_ptr(), 3 * state, 1,
+                    static_cast<const char*>(w.const_data_ptr()) + state * w.element_size(), w.stride(0),
+                    3 * state);
+      grad_input = grad_input.view({steps, batch, features}).to(dtype);
     }
-    grad_weights = grad_weights.to(dtype);
+    if (want_weights) {
+      grad_weights = at::empty({3 * state, state + features}, acc);
+      // dW = sum_t d_pre_t^T [h_{t-1} | x_t]: A = d_pre^T (strides 1, 3S)
+      // over all T*B rows; h_{t-1} = h0 at t = 0, else output[t - 1] (equal
+      // to the carried h on every row still inside its length, the only
+      // rows with d_pre != 0).
+      const at::Tensor gw_h = grad_weights.narrow(1, 0, state), gw_x = grad_weights.narrow(1, state, features);
+      const at::Tensor x = input.contiguous(), h_init = h0.contiguous(), out = output.contiguous();
+      const int64_t ld = 3 * state;
+      cpu::gemm_out(kernels, gw_x, d_pre.const_data_ptr(), 1, ld, x.const_data_ptr(), features, steps * batch);
+      cpu::gemm_out(kernels, gw_h, d_pre.const_data_ptr(), 1, ld, h_init.const_data_ptr(), state,
+                    steps > 0 ? batch : 0);
+      if (steps > 1) {
+        cpu::gemm_out(kernels, gw_h, step_ptr(d_pre, 1), 1, ld, out.const_data_ptr(), state,
+                      (steps - 1) * batch, /*accumulate=*/true);
+      }
+      grad_weights = grad_weights.to(dtype);
+    }
   }
   // The carried gradients are this call's own buffers: fresh outputs.
   return {grad_input, grad_weights, want_bias ? grad_bias.to(dtype) : not_asked(),
