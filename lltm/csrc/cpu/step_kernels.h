@@ -48,13 +48,6 @@ void forward_blocks(const ForwardStep& s, int64_t block_begin, int64_t block_end
 #pragma GCC unroll 3
     for (int gate = 0; gate < 3; ++gate) b[gate] = bias ? load(bias + gate * S + j0, n) : Vec<T>(T(0));
     for_row_tiles<kRows<3>>(0, s.batch, [&]<int M>(int64_t r0) {
-      for (int r = 0; r < M; ++r) {
-        const int64_t at = (r0 + r) * S + j0;
-        prefetch(c_prev + at, n);
-        prefetch_for_write(c_new + at, n);
-        prefetch_for_write(h_new + at, n);
-        for (int gate = 0; gate < 3; ++gate) prefetch_for_write(gates + (r0 + r) * 3 * S + gate * S + j0, n);
-      }
       Vec<T> acc[M][3];
       zero_tile(acc);
       // z = h_{t-1} W_h^T + x_t W_x^T: the two column blocks of W, one K loop each
