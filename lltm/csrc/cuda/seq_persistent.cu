@@ -131,8 +131,8 @@ __device__ __forceinline__ Slice my_slice(const Params& p) {
 // Each holds the exchanged rows of one step, a matrix of R * rows_padded
 // rows of `row` elements (R = 1: h_t; R = 3: d_pre_t, row b * 3 + gate).
 //   view(parity)  what this CTA's dot products read
-//   put(...)      element (q, j) of this CTA's slice, held by `lanes` lanes
-//                 of which this is `lane`
+//   put(...)      element (q, j) of this CTA's slice (row q, column j of
+//                 the matrix), held by `lanes` lanes of which this is `lane`
 //   arrive()      after the puts; the global stores of the step follow it
 //   wait(...)     every CTA's puts of that parity are in view(parity)
 
@@ -146,11 +146,12 @@ template <typename T>
 struct ClusterExchange {
   T* local;           // [2][R Bp][row]: both parities, in this CTA
   int parity_elems;   // R Bp row
+  int row;            // elements per exchanged row (padded)
   int ctas;
 
   __device__ T* view(int parity) const { return local + parity * parity_elems; }
 
-  __device__ void put(int parity, int q, int j, int row, T v, int lane, int lanes) const {
+  __device__ void put(int parity, int q, int j, T v, int lane, int lanes) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     T* mine = view(parity) + q * row + j;
     for (int d = lane; d < ctas; d += lanes) {
@@ -183,7 +184,7 @@ struct ClusterExchange {
 
   template <typename Params>
   __device__ static ClusterExchange make(const Params& p, const Slice&, T* buffer, int rows_per) {
-    return {buffer, rows_per * p.rows_padded * p.row, p.group};
+    return {buffer, rows_per * p.rows_padded * p.row, p.row, p.group};
   }
 };
 
@@ -200,7 +201,7 @@ struct GridExchange {
 
   __device__ T* view(int /*parity*/) const { return local; }
 
-  __device__ void put(int parity, int q, int j, int row, T v, int lane, int lanes) const {
+  __device__ void put(int parity, int q, int j, T v, int lane, int lanes) const {
     if (lane == q % lanes) global[parity * parity_elems + (first + q) * row + j] = v;
   }
   // The CTA's puts, then one arrival (the fence makes them visible to the
@@ -396,7 +397,7 @@ __global__ void __launch_bounds__(kMaxThreads)
           h_out[n] = h_cur[r * row + j];
           y_out[n] = gate_out[0][n] = gate_out[1][n] = gate_out[2][n] = scalar_t(0);
         }
-        if (!last) ex.put(next, r, j, row, h_out[n], grp.ks, grp.KS);
+        if (!last) ex.put(next, r, j, h_out[n], grp.ks, grp.KS);
       }
     }
     // The arrive waits for this thread's earlier stores: only the exchange
@@ -513,7 +514,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
         for (int i = 0; i < 3; ++i) {
           d_out[i][n] = static_cast<scalar_t>(d[i]);
-          ex.put(parity, r * 3 + i, j, row, d_out[i][n], grp.ks, grp.KS);
+          ex.put(parity, r * 3 + i, j, d_out[i][n], grp.ks, grp.KS);
         }
       }
     }
