@@ -6,7 +6,9 @@ Environment switches:
     USE_CUDA=0|1   force the CPU-only or the CUDA build (default: CUDA when
                    torch is a CUDA build and a CUDA toolkit is found)
     DEBUG=1        -O0 -g (and -G for device code)
-    MAX_JOBS, TORCH_CUDA_ARCH_LIST are read by torch.utils.cpp_extension.
+    MAX_JOBS, TORCH_CUDA_ARCH_LIST are read by torch.utils.cpp_extension;
+    TORCH_CUDA_ARCH_LIST defaults to "8.0;8.6;8.9;9.0+PTX" (every supported
+    GPU, PTX for newer ones).
 """
 
 import importlib.util
@@ -37,6 +39,7 @@ def _extension():
     extra = {"cxx": src.cxx_flags(with_cuda, debug)}
     if with_cuda:
         extra["nvcc"] = src.nvcc_flags(debug)
+        src.default_cuda_arch_list()
     return kind("lltm._C", sources, depends=depends, extra_compile_args=extra, extra_link_args=src.link_flags())
 
 

@@ -16,6 +16,18 @@ CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 
 # One folder per backend; csrc/*.cpp holds the schemas, checks and autograd.
 CPU_SOURCE_GLOBS = ("*.cpp", "aten/*.cpp", "cpu/*.cpp")
+# Ahead-of-time builds without TORCH_CUDA_ARCH_LIST compile for every
+# supported GPU (A100, RTX 30, L4 / RTX 40, H100) plus PTX for newer ones,
+# instead of torch's default (the GPUs of the build machine, or all of
+# torch's own list when it sees none). Just-in-time builds keep torch's
+# default: they run where they are built.
+CUDA_ARCH_LIST_DEFAULT = "8.0;8.6;8.9;9.0+PTX"
+
+
+def default_cuda_arch_list(environ=os.environ) -> str:
+    """Sets TORCH_CUDA_ARCH_LIST in `environ` to CUDA_ARCH_LIST_DEFAULT
+    unless it is set; returns the list the build will use."""
+    return environ.setdefault("TORCH_CUDA_ARCH_LIST", CUDA_ARCH_LIST_DEFAULT)
 CUDA_SOURCE_GLOBS = ("cuda/*.cu", "cuda/*.cpp")
 
 

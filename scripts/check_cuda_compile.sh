@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Compile-only check of every CUDA source (lltm/csrc/cuda/*.cu) with nvcc
-# against the installed torch's headers, for sm_90, with the flags
-# torch.utils.cpp_extension uses. Needs no GPU and no CUDA build of torch, so
-# CI catches a kernel that does not compile.
+# Compile-only check of every CUDA source (lltm/csrc/cuda/*.cu, *.cpp) with nvcc
+# against the installed torch's headers, for sm_80 and sm_90 (the oldest
+# supported architecture, and the one with thread-block clusters), with the
+# flags torch.utils.cpp_extension uses. Needs no GPU and no CUDA build of
+# torch, so CI catches a kernel that does not compile for either.
 #
 #   scripts/check_cuda_compile.sh [--resource-usage] [FILE.cu ...]
 #
 # --resource-usage prints ptxas's registers / shared memory / spills per
 # kernel. Environment: NVCC (compiler), PYTHON (the python with torch),
-# JOBS (parallel compiles, default: number of cores), CUDA_ARCH (default 90),
+# JOBS (parallel compiles, default: number of cores), CUDA_ARCH (space-separated
+# architectures, default "80 90"),
 # STAMPS (folder of the per-file "compiled" stamps, default build/cuda-compile-check).
 #
 # torch's CUDA headers include cuBLAS/cuSPARSE/cuSOLVER headers. A toolkit
@@ -19,7 +21,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-ARCH=${CUDA_ARCH:-90}
+ARCHS=${CUDA_ARCH:-80 90}
 RESOURCE_USAGE=0
 files=()
 for arg in "$@"; do
@@ -29,7 +31,7 @@ for arg in "$@"; do
   esac
 done
 if [ ${#files[@]} -eq 0 ]; then
-  files=(lltm/csrc/cuda/*.cu)
+  files=(lltm/csrc/cuda/*.cu lltm/csrc/cuda/*.cpp)
 fi
 
 NVCC=${NVCC:-}
@@ -111,7 +113,6 @@ fi
 
 flags=(
   -std="$STD" -c -O3 -lineinfo
-  "-gencode=arch=compute_${ARCH},code=sm_${ARCH}"
   --expt-relaxed-constexpr
   -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__
   -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__
@@ -120,10 +121,11 @@ flags=(
   -Xcompiler -fPIC -diag-suppress 3306
   $TORCH_INCLUDES "${extra_includes[@]}"
 )
+for arch in $ARCHS; do flags+=("-gencode=arch=compute_${arch},code=sm_${arch}"); done
 if [ "$RESOURCE_USAGE" = 1 ]; then flags+=(--resource-usage); fi
 
 versions="$("$NVCC" --version | tail -1), torch $("$PYTHON" -c 'import torch; print(torch.__version__)')"
-echo "check_cuda_compile: $versions, -std=$STD, sm_$ARCH"
+echo "check_cuda_compile: $versions, -std=$STD, sm_${ARCHS// /, sm_}"
 export NVCC work
 export FLAGS="${flags[*]}"
 # A file that compiled before with the same content, the same headers, flags

@@ -5,16 +5,20 @@
 #
 #   build     pip install --no-build-isolation -e . for sm_90 (TORCH_CUDA_ARCH_LIST)
 #   test      pytest tests/test_cuda.py (the fused CUDA backend)
-#   seq       pytest of the sequence operators and the layer on CUDA
-#             (tests/test_seq.py, tests/test_layer.py, -k cuda)
+#   seq       pytest of the sequence operators, their CUDA time loops and the
+#             layer on CUDA (tests/test_seq.py, tests/test_seq_paths.py,
+#             tests/test_layer.py, -k cuda)
 #   testall   pytest on every other test, the GPU-parametrised ones included
 #   sanitize  compute-sanitizer memcheck over a subset of tests/test_cuda.py,
 #             with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that out-of-bounds
 #             accesses cannot hide in the caching allocator's slack
 #   profile   python -m lltm.bench.cuda_profile: host cost per call, GPU time per kernel
 #   sweep     python -m lltm.bench.cuda_path_sweep: small vs cuBLAS path, GEMM floor
-#   seqsweep  python -m lltm.bench.seq_sweep: the sequence ops' time loops (per-step
-#             cuBLAS loop vs persistent cluster kernels at each cluster size)
+#   seqsweep  python -m lltm.bench.seq_sweep: the sequence ops' time loops over the
+#             grid B 16..512 x S 128..1024 (each path forced, the planner's pick,
+#             nn.LSTM with and without TF32), float32 and bfloat16; JSON in $OUT
+#   train     lltm train charlm, LLTM vs nn.LSTM at equal parameter count (hidden 512,
+#             batch 256, seq 128), float32 and bfloat16: tokens/s of both
 #   check     lltm info; lltm check --device cuda
 #   bench     lltm bench --device cuda at the issue's sizes, float32 and bfloat16
 #   benchseq  lltm bench --seq T --device cuda at the layer targets' sizes
@@ -86,8 +90,8 @@ for stage in "${stages[@]}"; do
       tail -n 1 "$OUT/test.log" | sed 's/^/          /' | tee -a "$SUMMARY"
       ;;
     seq)
-      run_stage seq "${TEST_LIMIT:-420}" "$PYTHON" -m pytest tests/test_seq.py tests/test_layer.py -q -rfEs \
-        -p no:cacheprovider -k cuda ${PYTEST_ARGS:-}
+      run_stage seq "${TEST_LIMIT:-420}" "$PYTHON" -m pytest tests/test_seq.py tests/test_seq_paths.py \
+        tests/test_layer.py -q -rfEs -p no:cacheprovider -k "cuda or paths" ${PYTEST_ARGS:-}
       tail -n 1 "$OUT/seq.log" | sed 's/^/          /' | tee -a "$SUMMARY"
       ;;
     testall)
@@ -104,12 +108,12 @@ for stage in "${stages[@]}"; do
         "$SANITIZER" --tool memcheck --error-exitcode 3 --print-limit 20 \
         "$PYTHON" -m pytest tests/test_cuda.py -q -p no:cacheprovider -k "$k"
       grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -n 3 | sed 's/^/          /' | tee -a "$SUMMARY"
-      # the sequence kernels: memcheck and racecheck
-      kseq=${SANITIZE_SEQ_K:-"(cuda and (test_matches_reference or test_variable_lengths or test_outputs_fully_written)) or test_persistent_cluster_sizes or (test_fused_cuda_paths_match_reference and not 600)"}
+      # the sequence kernels (every time loop): memcheck and racecheck
+      kseq=${SANITIZE_SEQ_K:-"(test_paths_match_reference and not 1024 and not 300x) or test_cluster_sizes or test_grid_group_sizes or test_paths_write_every_output or test_loop_replays_its_graph"}
       for tool in memcheck racecheck; do
         run_stage sanitize "${SANITIZE_LIMIT:-420}" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
           "$SANITIZER" --tool "$tool" --error-exitcode 3 --print-limit 20 \
-          "$PYTHON" -m pytest tests/test_seq.py -q -p no:cacheprovider -k "$kseq"
+          "$PYTHON" -m pytest tests/test_seq_paths.py -q -p no:cacheprovider -k "$kseq"
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -n 2 \
           | sed "s/^/          $tool: /" | tee -a "$SUMMARY"
       done
@@ -123,9 +127,19 @@ for stage in "${stages[@]}"; do
         --sizes 16x32x128,64x1024x128,256x512x512,4096x1024x1024
       ;;
     seqsweep)
-      run_stage seqsweep 300 "$PYTHON" -m lltm.bench.seq_sweep --cases 100x16x32x128,1000x16x32x128,100x64x256x256
-      run_stage seqsweep 200 "$PYTHON" -m lltm.bench.seq_sweep --cases 100x64x256x256 --dtype bfloat16
-      grep -E "^\|" "$OUT/seqsweep.log" >>"$SUMMARY"
+      for dtype in ${SWEEP_DTYPES:-float32 bfloat16}; do
+        run_stage seqsweep "${SWEEP_LIMIT:-400}" "$PYTHON" -m lltm.bench.seq_sweep --dtype "$dtype" \
+          --json "$OUT/sweep_$dtype.json" ${SWEEP_ARGS:-}
+      done
+      grep -E "^(\||fused)" "$OUT/seqsweep.log" >>"$SUMMARY"
+      ;;
+    train)
+      for dtype in ${TRAIN_DTYPES:-float32 bfloat16}; do
+        run_stage train "${TRAIN_LIMIT:-240}" "$PYTHON" -m lltm train --task charlm --device cuda --compare \
+          --match-params --hidden 512 --batch 256 --seq-len 128 --dtype "$dtype" --no-plot --quiet \
+          --out "$OUT/train_$dtype"
+      done
+      grep -E "^\|" "$OUT/train.log" >>"$SUMMARY"
       ;;
     check)
       run_stage check 120 "$PYTHON" -X faulthandler -c "import torch, lltm._C; print(torch._C._dispatch_dump('lltm::_build_info')); print(torch._C._dispatch_dump('lltm::fused_cell_forward'))"

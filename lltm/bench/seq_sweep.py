@@ -1,104 +1,196 @@
-"""Times the time loops of the fused CUDA sequence operators against each
-other: the per-step cuBLAS loop (LLTM_SEQ_PATH=loop) and the persistent
-cluster kernels (LLTM_SEQ_PATH=persistent) at each cluster size
-(LLTM_SEQ_CLUSTER), to place the default cluster size in
-lltm/csrc/cuda/seq_persistent.cu and to show the per-step cost of each.
+"""The fused CUDA sequence op's time loops over a grid of sizes: each path
+forced (LLTM_SEQ_PATH: the cluster kernel at each cluster size, the grid
+kernel, the graph-replayed step loop), the planner's own pick, and nn.LSTM
+(cuDNN) with and without TF32, side by side in one run; with, per grid
+point, the planner's choice against the fastest path and the floor of the
+work (the layer's FLOPs at the device's peak plus one barrier per step).
 
-For each case and configuration: forward and forward+backward of
-functional.lltm (every input needing a gradient, loss on the output), µs
-from torch.utils.benchmark (median of blocked_autorange), and µs per step.
+Every row is `lltm bench --seq`'s (lltm.bench.cases.seq_case: one
+lltm.LLTM / nn.LSTM layer, input (T, B, I) with I = S, loss on the output)
+timed by the same Timer rounds (lltm.bench.timing.timer_round).
 
-    python -m lltm.bench.seq_sweep [--cases 100x16x32x128,...] [--dtype float32] [--clusters 2,4,8,16]
+    python -m lltm.bench.seq_sweep [--batches 16,64,256,512] [--states 128,256,512,1024]
+        [--steps 100] [--dtype float32] [--paths cluster4,cluster8,cluster16,grid,loop]
+        [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
+from typing import Optional
 
 import torch
-from torch.utils import benchmark
 
-from lltm import functional
+from lltm.bench import cases, timing
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
-DEFAULT_CASES = "100x16x32x128,1000x16x32x128,100x64x256x256,100x64x1024x1024"
+# name -> (LLTM_SEQ_PATH, LLTM_SEQ_CLUSTER); "auto" is the planner's pick.
+PATHS = {
+    "cluster4": ("cluster", "4"),
+    "cluster8": ("cluster", "8"),
+    "cluster16": ("cluster", "16"),
+    "grid": ("grid", None),
+    "loop": ("loop", None),
+    "nocluster": ("grid,loop", None),  # what a GPU without clusters gets
+    "auto": (None, None),
+}
+# Per-step barrier latency of the persistent paths and a graph node's floor
+# for the loop (µs, H100: docs/benchmarks.md).
+BARRIER_US = {"cluster": 0.9, "grid": 1.1, "loop": 2.6}
 
 
-def inputs(T, B, I, S, dtype, seed=0):
-    gen = torch.Generator().manual_seed(seed)
+def _set_path(name: str) -> None:
+    path, cluster = PATHS[name]
+    for var, value in (("LLTM_SEQ_PATH", path), ("LLTM_SEQ_CLUSTER", cluster)):
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
 
-    def rand(*shape, scale=1.0):
-        t = (torch.rand(*shape, generator=gen) * 2 - 1) * scale
-        return t.to("cuda", dtype).requires_grad_(True)
 
-    return [rand(T, B, I), rand(3 * S, S + I, scale=S**-0.5), rand(3 * S, scale=S**-0.5), rand(B, S), rand(B, S)]
+def _peak_flops_per_us(dtype: torch.dtype, tensor_cores: bool) -> float:
+    """Dense peak of the device (FLOP/µs) from its SM count and clock: FMA
+    units (fp32 256 FLOP/cycle/SM, fp64 half) or tensor cores (TF32 8x,
+    half types 16x the fp32 FMA rate on sm_80+)."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    ghz = getattr(props, "clock_rate", 0) / 1e6 or 1.755
+    per_sm = 128.0 if dtype == torch.float64 else 256.0
+    if tensor_cores:
+        per_sm *= 16.0 if dtype in (torch.float16, torch.bfloat16) else 8.0
+    return per_sm * props.multi_processor_count * ghz * 1e3
 
 
-def measure(args, min_run_time):
-    grad = torch.randn_like(functional.lltm(*args, backend="fused")[0])
+def floor_us(path: str, T: int, B: int, I: int, S: int, dtype: torch.dtype) -> float:
+    """The least time a path could take: the layer's GEMM FLOPs (projection,
+    input and weight gradients) at the tensor-core or FMA peak cuBLAS would
+    use, the recurrence's FLOPs (forward and backward) at the peak the path
+    computes them with, and one barrier (or graph node) per step each way."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    halfs = dtype in (torch.float16, torch.bfloat16)
+    gemm_rate = _peak_flops_per_us(dtype, tensor_cores=halfs or (dtype == torch.float32 and tf32))
+    recurrent_rate = gemm_rate if path == "loop" else _peak_flops_per_us(dtype, tensor_cores=False)
+    gemm_flops = 2.0 * T * B * 3 * S * (3 * I + S)
+    recurrent_flops = 2 * 2.0 * T * B * 3 * S * S
+    kind = "loop" if path == "loop" else ("grid" if path == "grid" else "cluster")
+    return gemm_flops / gemm_rate + recurrent_flops / recurrent_rate + 2 * T * BARRIER_US[kind]
 
-    def forward():
-        return functional.lltm(*args, backend="fused")
 
-    def both():
-        out, _ = functional.lltm(*args, backend="fused")
-        torch.autograd.grad(out, args, grad)
+def _plan(backward: bool, T: int, B: int, S: int, dtype: torch.dtype) -> str:
+    return torch.ops.lltm._fused_cuda_seq_plan(backward, T, B, S, dtype, torch.cuda.current_device())
 
-    times = []
-    for fn in (forward, both):
-        fn()
+
+def _chosen(report: str) -> str:
+    return report.splitlines()[0].rsplit(": ", 1)[1]
+
+
+def measure_row(name: str, cfg: cases.Config, rounds: int, min_run_time: float) -> Optional[tuple[float, float]]:
+    """(fwd, bwd) µs, medians over Timer rounds; None where the row cannot
+    run (a forced path that does not fit)."""
+    try:
+        case = cases.seq_case(name, cfg)
+        case.backward(case.forward())
         torch.cuda.synchronize()
-        timer = benchmark.Timer(stmt="fn()", globals={"fn": fn})
-        times.append(timer.blocked_autorange(min_run_time=min_run_time).median * 1e6)
-    return times
+        got = [timing.timer_round(case, min_run_time) for _ in range(rounds)]
+    except RuntimeError as err:
+        if "allows no time loop" not in str(err):
+            raise
+        return None
+    return statistics.median(f for f, _ in got) * 1e6, statistics.median(b for _, b in got) * 1e6
 
 
-def configure(path, cluster):
-    os.environ["LLTM_SEQ_PATH"] = path
-    if cluster is None:
-        os.environ.pop("LLTM_SEQ_CLUSTER", None)
-    else:
-        os.environ["LLTM_SEQ_CLUSTER"] = str(cluster)
+def sweep_point(T: int, B: int, S: int, dtype: torch.dtype, paths: list[str], rounds: int, mrt: float) -> dict:
+    cfg = cases.Config(
+        batch_size=B, features=S, state_size=S, seq=T, device=torch.device("cuda"), dtype=dtype, seed=0
+    )
+    floors = {kind: floor_us(kind, T, B, S, S, dtype) for kind in ("cluster", "grid", "loop")}
+    point: dict = {"T": T, "B": B, "I": S, "S": S, "times": {}, "plans": {}, "floors": floors}
+    try:
+        for name in paths + ["auto"]:
+            _set_path(name)
+            before = torch.ops.lltm._fused_cuda_seq_graph_stats()
+            point["times"][name] = measure_row("fused", cfg, rounds, mrt)
+            after = torch.ops.lltm._fused_cuda_seq_graph_stats()
+            point.setdefault("graphs", {})[name] = [b - a for a, b in zip(before, after)]  # eager, captures, replays
+            if point["times"][name] is not None:
+                point["plans"][name] = [_plan(bw, T, B, S, dtype) for bw in (False, True)]
+    finally:
+        _set_path("auto")
+    for name in ("lstm", "lstm-notf32"):
+        point["times"][name] = measure_row(name, cfg, rounds, mrt)
+    point["picked"] = [_chosen(_plan(bw, T, B, S, dtype)) for bw in (False, True)]
+    return point
 
 
-def main(argv=None):
+def _total(v: Optional[tuple[float, float]]) -> Optional[float]:
+    return None if v is None else v[0] + v[1]
+
+
+def format_point(point: dict, paths: list[str]) -> str:
+    t = {k: _total(v) for k, v in point["times"].items()}
+    forced = {k: v for k, v in t.items() if k in paths and k != "nocluster" and v is not None}
+    best = min(forced.values()) if forced else None
+    fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+    ratio = lambda a, b: "-" if a is None or b is None else f"{a / b:.2f}"  # noqa: E731
+    cells = [f"{point['B']}x{point['S']}"] + [fmt(t.get(p)) for p in paths]
+    cells += [
+        f"{fmt(t['auto'])} ({'/'.join(point['picked'])})",
+        ratio(t["auto"], best),
+        fmt(t["lstm"]),
+        fmt(t["lstm-notf32"]),
+        ratio(t["auto"], t["lstm"]),
+        ratio(t["auto"], t["lstm-notf32"]),
+    ]
+    if "nocluster" in paths:
+        cells.append(ratio(t["nocluster"], t["lstm-notf32"]))
+    cells.append(" / ".join(f"{k} {v:.0f}" for k, v in point["floors"].items()))
+    return "| " + " | ".join(cells) + " |"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lltm.bench.seq_sweep", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated TxBxIxS")
+    parser.add_argument("--batches", default="16,64,256,512")
+    parser.add_argument("--states", default="128,256,512,1024", help="state sizes; the input size is the same")
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--clusters", default="2,4,8,16", help="cluster sizes to force, besides the default")
-    parser.add_argument("--min-run-time", type=float, default=0.2)
+    parser.add_argument("--paths", default="cluster4,cluster8,cluster16,grid,loop,nocluster")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--min-run-time", type=float, default=0.05)
+    parser.add_argument("--json", help="write every point (times, plans, floors) here")
     opts = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        parser.exit(1, "seq_sweep: needs a CUDA device\n")
+        parser.exit(2, "seq_sweep: needs a CUDA device\n")
+    paths = [p for p in opts.paths.split(",") if p]
+    unknown = [p for p in paths if p not in PATHS or p == "auto"]
+    if unknown:
+        parser.error(f"unknown path {', '.join(unknown)}; choose from {', '.join(p for p in PATHS if p != 'auto')}")
     dtype = DTYPES[opts.dtype]
-    configs = [("loop", None), ("persistent", None)] + [
-        ("persistent", int(c)) for c in opts.clusters.split(",") if c
-    ]
-    print(f"fused sequence time loops, {opts.dtype}, {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| case TxBxIxS | path | cluster | fwd µs | f+b µs | fwd µs/step | f+b µs/step |")
-    print("|---|---|---|---|---|---|---|")
-    try:
-        for case in opts.cases.split(","):
-            T, B, I, S = (int(v) for v in case.split("x"))
-            args = inputs(T, B, I, S, dtype)
-            for path, cluster in configs:
-                configure(path, cluster)
-                try:
-                    fwd, both = measure(args, opts.min_run_time)
-                except RuntimeError as err:  # a forced persistent kernel that cannot run
-                    why = str(err).splitlines()[0][:80]
-                    print(f"| {case} | {path} | {cluster or 'default'} | - | - | - | - |  ({why})")
-                    continue
-                print(
-                    f"| {case} | {path} | {cluster or 'default'} | {fwd:.1f} | {both:.1f} "
-                    f"| {fwd / T:.2f} | {both / T:.2f} |",
-                    flush=True,
-                )
-    finally:
-        configure("", None)
-        os.environ.pop("LLTM_SEQ_PATH", None)
+    precision = "strict fp32 (TF32 off)" if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else ""
+    print(
+        f"fused sequence time loops, T={opts.steps}, I=S, {opts.dtype} {precision}, "
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}; f+b µs (Timer medians of {opts.rounds} rounds)"
+    )
+    head = ["B x S"] + paths + ["auto (fwd/bwd pick)", "auto / best", "lstm", "lstm strict", "/ lstm", "/ strict"]
+    if "nocluster" in paths:
+        head.append("nocluster / strict")
+    head.append("floor µs")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    points = []
+    for B in (int(b) for b in opts.batches.split(",")):
+        for S in (int(s) for s in opts.states.split(",")):
+            point = sweep_point(opts.steps, B, S, dtype, paths, opts.rounds, opts.min_run_time)
+            points.append(point)
+            print(format_point(point, paths), flush=True)
+            torch.cuda.empty_cache()
+            if opts.json:  # after every point: a run cut short keeps what it measured
+                with open(opts.json, "w") as f:
+                    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": opts.dtype}
+                    json.dump({**meta, "points": points}, f, indent=1)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -72,6 +72,12 @@ TORCH_LIBRARY(lltm, m) {
   }
   m.def("_build_info() -> str", &build_info);
   m.def("_compiled_backends() -> str[]", &compiled_backends);
+#ifdef LLTM_WITH_CUDA
+  m.def("_fused_cuda_seq_plan(bool backward, int steps, int batch, int state, "
+        "ScalarType dtype, int device) -> str",
+        &lltm::fused_cuda_seq_plan);
+  m.def("_fused_cuda_seq_graph_stats() -> int[]", &lltm::fused_cuda_seq_graph_stats);
+#endif
 }
 
 // `import lltm._C` loads this library (and so runs the registrations above)

@@ -34,5 +34,21 @@ struct Gemm {
 // k = 0 and accumulate unset, C must be cleared by the caller.
 void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count);
 
+// While one is alive on this thread, run_gemms uses a cuBLAS handle of
+// lltm's own (one per thread and device, made by the constructor, so never
+// inside a capture), with PyTorch's TF32 switch and a workspace of lltm's
+// own per device, instead of PyTorch's handle. For the GEMMs of graphs that
+// lltm replays itself (seq_graph.h): PyTorch's workspaces belong to a
+// stream, and a graph replayed on another stream must not share one with
+// work that may run beside it. lltm's workspace is shared by every such
+// GEMM of a device: the caller orders its uses (seq_graph.cpp).
+class OwnBlasHandle {
+ public:
+  OwnBlasHandle();
+  ~OwnBlasHandle();
+  OwnBlasHandle(const OwnBlasHandle&) = delete;
+  OwnBlasHandle& operator=(const OwnBlasHandle&) = delete;
+};
+
 }  // namespace cuda_detail
 }  // namespace lltm

@@ -1,9 +1,10 @@
 // Backward of the fused CUDA sequence operator: lltm::fused_seq_backward.
 //
-// Reverse-time loop: one launch of the persistent cluster kernel
-// (seq_persistent.cu) where W_h fits on chip; otherwise, per step, one
-// pointwise kernel (d_pre_t from the carried dh and dc, dc updated in place)
-// and one cuBLAS GEMM d h_{t-1} = d_pre_t W_h.
+// Reverse-time loop, as the planner (seq_plan.h) chooses: one launch of a
+// persistent kernel (seq_persistent.cu), or per step one pointwise kernel
+// (d_pre_t from the carried dh and dc, dc updated in place) and one cuBLAS
+// GEMM d h_{t-1} = d_pre_t W_h, replayed from a CUDA graph where the call
+// repeats (seq_graph.h).
 // After the loop, over all T*B rows at once:
 //   grad_input           = d_pre W_x                    (one GEMM)
 //   grad_weights[:, S:]  = d_pre^T x                    (one GEMM)
@@ -13,6 +14,7 @@
 //                          is not 0)
 //   grad_bias            = column sums of d_pre          (one reduction)
 // No atomics: every gradient element is written by one GEMM or reduction.
+#include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
@@ -24,6 +26,7 @@
 #include "../lltm.h"
 #include "blas.h"
 #include "launch_utils.h"
+#include "seq_graph.h"
 #include "seq_persistent.h"
 #include "seq_pointwise.cuh"
 
@@ -67,40 +70,51 @@ void step_loop(const std::optional<at::Tensor>& grad_h_n,
                                      at::MemoryFormat::Contiguous)
                       : at::zeros({batch, state},
                                   options.dtype(at::toOpMathType(dtype)));
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int64_t n = batch * state;
   const unsigned int blocks = pointwise_blocks(n, d_pre.get_device());
 
   // Buffer roles: step t reads dh[(t + 1) % 2] (the gradient of h_t carried
   // from step t + 1) and writes d h_{t-1} into dh[t % 2]; so step T - 1
-  // reads dh[T % 2], where grad_h_n was put above.
+  // reads dh[T % 2], where grad_h_n was put above. The launches are
+  // replayed from a CUDA graph where the same call repeats (seq_graph.h).
+  GraphKey key = {1, static_cast<int64_t>(dtype), steps, batch, state, w.ld, want_h0,
+                  at::globalContext().allowTF32CuBLAS()};
+  for (const void* p : {static_cast<const void*>(dh.const_data_ptr()), g_out.defined() ? g_out.const_data_ptr() : nullptr,
+                        dc.const_data_ptr(), cell_states.const_data_ptr(), act.const_data_ptr(),
+                        masked ? lens.const_data_ptr() : nullptr, d_pre.const_data_ptr(),
+                        static_cast<const void*>(w_ptr)}) {
+    key_add(key, p);
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, dtype, "lltm_fused_seq_backward", [&] {
         using acc_t = at::opmath_type<scalar_t>;
-        scalar_t* dh_base = dh.mutable_data_ptr<scalar_t>();
-        for (int64_t t = steps - 1; t >= 0; --t) {
-          const scalar_t* dh_in = dh_base + ((t + 1) % 2) * n;
-          scalar_t* dh_out = dh_base + (t % 2) * n;
-          scalar_t* dp = d_pre.mutable_data_ptr<scalar_t>() + t * batch * S3;
-          seq_backward_step_kernel<scalar_t>
-              <<<blocks, kSeqPointwiseThreads, 0, stream>>>(
-                  dh_in,
-                  g_out.defined() ? g_out.const_data_ptr<scalar_t>() + t * n
-                                  : nullptr,
-                  dc.mutable_data_ptr<acc_t>(),
-                  cell_states.const_data_ptr<scalar_t>() + t * n,
-                  act.const_data_ptr<scalar_t>() + t * batch * S3,
-                  masked ? lens.const_data_ptr<int64_t>() : nullptr, t, dp,
-                  masked ? dh_out : nullptr, batch, state);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
-          if (t > 0 || want_h0) {
-            // d h_{t-1} (+)= d_pre_t W_h: (B, S) = (B, 3S) (3S, S); with
-            // lengths it adds to the carried gh of rows past their length.
-            const Gemm recurrent = {false, false, batch, state, S3, dp, S3,
-                                    w_ptr, w.ld, masked, dh_out, state};
-            run_gemms(dtype, &recurrent, 1);
+        run_graphed(std::move(key), [&] {
+          const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+          scalar_t* dh_base = dh.mutable_data_ptr<scalar_t>();
+          for (int64_t t = steps - 1; t >= 0; --t) {
+            const scalar_t* dh_in = dh_base + ((t + 1) % 2) * n;
+            scalar_t* dh_out = dh_base + (t % 2) * n;
+            scalar_t* dp = d_pre.mutable_data_ptr<scalar_t>() + t * batch * S3;
+            seq_backward_step_kernel<scalar_t>
+                <<<blocks, kSeqPointwiseThreads, 0, stream>>>(
+                    dh_in,
+                    g_out.defined() ? g_out.const_data_ptr<scalar_t>() + t * n
+                                    : nullptr,
+                    dc.mutable_data_ptr<acc_t>(),
+                    cell_states.const_data_ptr<scalar_t>() + t * n,
+                    act.const_data_ptr<scalar_t>() + t * batch * S3,
+                    masked ? lens.const_data_ptr<int64_t>() : nullptr, t, dp,
+                    masked ? dh_out : nullptr, batch, state);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            if (t > 0 || want_h0) {
+              // d h_{t-1} (+)= d_pre_t W_h: (B, S) = (B, 3S) (3S, S); with
+              // lengths it adds to the carried gh of rows past their length.
+              const Gemm recurrent = {false, false, batch, state, S3, dp, S3,
+                                      w_ptr, w.ld, masked, dh_out, state};
+              run_gemms(dtype, &recurrent, 1);
+            }
           }
-        }
+        });
       });
   if (want_h0) grad_h0.copy_(dh[0]);  // step 0 wrote dh[0]
   if (want_c0) grad_c0.copy_(dc);

@@ -1,13 +1,15 @@
 // Forward of the fused CUDA sequence operator: lltm::fused_seq_forward.
 //
 // The input projection of all T steps is one cuBLAS GEMM over T*B rows,
-// written into the gates buffer. Then the time loop: one launch of the
-// persistent cluster kernel (seq_persistent.cu) where W_h fits on chip;
-// otherwise, per step, one GEMM that adds h_{t-1} W_h^T into gates[t] and one
-// pointwise kernel (bias, activations, cell update, tanh, the length mask)
-// that writes gates[t], c_t and output[t]. Either way the host only
-// queues asynchronous launches on the current stream: no synchronisation,
-// capturable in a CUDA graph.
+// written into the gates buffer. Then the time loop, as the planner
+// (seq_plan.h) chooses: one launch of a persistent kernel
+// (seq_persistent.cu), or the step loop: per step one GEMM that adds
+// h_{t-1} W_h^T into gates[t] and one pointwise kernel (bias, activations,
+// cell update, tanh, the length mask) that writes gates[t], c_t and
+// output[t], replayed from a CUDA graph where the call repeats
+// (seq_graph.h). Either way the host only queues asynchronous launches on
+// the current stream: no synchronisation, capturable in a CUDA graph.
+#include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -16,6 +18,7 @@
 #include "../lltm.h"
 #include "blas.h"
 #include "launch_utils.h"
+#include "seq_graph.h"
 #include "seq_persistent.h"
 #include "seq_pointwise.cuh"
 
@@ -70,7 +73,6 @@ SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,
   const char* w_ptr = static_cast<const char*>(w.tensor.const_data_ptr());
   const int64_t S3 = 3 * state;
   const c10::ScalarType dtype = input.scalar_type();
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const unsigned int blocks = pointwise_blocks(batch * state, input.get_device());
 
   // gates[t] = x_t W_x^T for every t: (T*B, 3S) = (T*B, I) (3S, I)^T
@@ -90,35 +92,49 @@ SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,
   // states, so they are not kept).
   at::Tensor c_buf = at::empty({2, batch, state}, options);
 
+  // The step loop's launches, replayed from a CUDA graph where the same
+  // call repeats (seq_graph.h): the key holds every value they bake in.
+  GraphKey key = {0, static_cast<int64_t>(dtype), steps, batch, state, w.ld, h_init.ld, c_init.ld,
+                  at::globalContext().allowTF32CuBLAS()};
+  for (const void* p : {static_cast<const void*>(gates.const_data_ptr()), static_cast<const void*>(w_ptr),
+                        h_init.tensor.const_data_ptr(), c_init.tensor.const_data_ptr(),
+                        has_bias ? b.const_data_ptr() : nullptr, masked ? lens.const_data_ptr() : nullptr,
+                        output.const_data_ptr(), c_buf.const_data_ptr(),
+                        masked ? h_buf.const_data_ptr() : nullptr}) {
+    key_add(key, p);
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, dtype, "lltm_fused_seq_forward", [&] {
-        const scalar_t* h_prev = h_init.data<scalar_t>();
-        int64_t h_ld = h_init.ld;
-        const scalar_t* c_prev = c_init.data<scalar_t>();
-        int64_t c_ld = c_init.ld;
-        for (int64_t t = 0; t < steps; ++t) {
-          scalar_t* g = gates.mutable_data_ptr<scalar_t>() + t * batch * S3;
-          // gates[t] += h_{t-1} W_h^T: (B, 3S) = (B, S) (3S, S)^T
-          const Gemm recurrent = {false, true, batch, S3, state, h_prev, h_ld,
-                                  w_ptr, w.ld, true, g, S3};
-          run_gemms(dtype, &recurrent, 1);
-          scalar_t* out_t = output.mutable_data_ptr<scalar_t>() + t * batch * state;
-          scalar_t* c_t = c_buf.mutable_data_ptr<scalar_t>() + (t % 2) * batch * state;
-          scalar_t* h_next =
-              masked ? h_buf.mutable_data_ptr<scalar_t>() + (t % 2) * batch * state
-                     : nullptr;
-          seq_forward_step_kernel<scalar_t>
-              <<<blocks, kSeqPointwiseThreads, 0, stream>>>(
-                  g, has_bias ? b.const_data_ptr<scalar_t>() : nullptr, c_prev,
-                  c_ld, h_prev, h_ld,
-                  masked ? lens.const_data_ptr<int64_t>() : nullptr, t, out_t,
-                  c_t, h_next, batch, state);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
-          h_prev = masked ? h_next : out_t;
-          h_ld = state;
-          c_prev = c_t;
-          c_ld = state;
-        }
+        run_graphed(std::move(key), [&] {
+          const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+          const scalar_t* h_prev = h_init.data<scalar_t>();
+          int64_t h_ld = h_init.ld;
+          const scalar_t* c_prev = c_init.data<scalar_t>();
+          int64_t c_ld = c_init.ld;
+          for (int64_t t = 0; t < steps; ++t) {
+            scalar_t* g = gates.mutable_data_ptr<scalar_t>() + t * batch * S3;
+            // gates[t] += h_{t-1} W_h^T: (B, 3S) = (B, S) (3S, S)^T
+            const Gemm recurrent = {false, true, batch, S3, state, h_prev, h_ld,
+                                    w_ptr, w.ld, true, g, S3};
+            run_gemms(dtype, &recurrent, 1);
+            scalar_t* out_t = output.mutable_data_ptr<scalar_t>() + t * batch * state;
+            scalar_t* c_t = c_buf.mutable_data_ptr<scalar_t>() + (t % 2) * batch * state;
+            scalar_t* h_next =
+                masked ? h_buf.mutable_data_ptr<scalar_t>() + (t % 2) * batch * state
+                       : nullptr;
+            seq_forward_step_kernel<scalar_t>
+                <<<blocks, kSeqPointwiseThreads, 0, stream>>>(
+                    g, has_bias ? b.const_data_ptr<scalar_t>() : nullptr, c_prev,
+                    c_ld, h_prev, h_ld,
+                    masked ? lens.const_data_ptr<int64_t>() : nullptr, t, out_t,
+                    c_t, h_next, batch, state);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            h_prev = masked ? h_next : out_t;
+            h_ld = state;
+            c_prev = c_t;
+            c_ld = state;
+          }
+        });
       });
   // The final state: the last carried h (the last output without lengths)
   // and the last c (carried past each row's length).

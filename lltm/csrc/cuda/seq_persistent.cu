@@ -1,68 +1,66 @@
 // Persistent recurrent kernels of the fused CUDA sequence operators.
 //
-// One launch runs the whole time loop. The grid is made of thread-block
-// clusters (sm_90): a cluster of C CTAs owns a chunk of batch rows, and CTA r
-// of the cluster owns the state units [r J, (r + 1) J). Batch chunks are
-// independent, so clusters never wait on each other; inside a cluster:
+// One launch runs the whole time loop of one direction. The grid is made of
+// groups of CTAs: a group owns a chunk of batch rows, and CTA r of the group
+// owns the state units [r J, (r + 1) J). Chunks are independent, so groups
+// never wait on each other; inside a group:
 //
 //   forward, step t: each CTA computes the three gate rows of its units for
 //   its batch rows from W_h's rows (resident in its shared memory for all T
 //   steps) and h_{t-1} (a full copy in its shared memory), finishes the cell
-//   math of its units itself (c stays in registers in float), writes
-//   output and gates, and pushes its slice of h_t into every CTA's
-//   copy through distributed shared memory; one cluster barrier per step,
-//   during which the next step's input projection is loaded.
+//   math of its units itself (c stays in registers in float), writes output
+//   and gates, and publishes its slice of h_t to the other CTAs; one group
+//   barrier per step, during which the next step's input projection loads.
 //
 //   backward, step t (reverse time): each CTA turns the carried dh, dc of its
-//   units into d_pre_t (the gradient of the gate pre-activations), pushes
-//   its slice of d_pre_t into every CTA, waits at the cluster barrier, and
-//   computes d h_{t-1} for its units from W_h's columns (resident, as W_h^T
-//   rows) and all of d_pre_t; dh and dc stay in registers in float, and the
-//   next step's saved gates and cells are loaded during the barrier.
+//   units into d_pre_t (the gradient of the gate pre-activations),
+//   publishes its slice of d_pre_t, waits at the group barrier, and computes
+//   d h_{t-1} for its units from W_h's columns (resident, as W_h^T rows) and
+//   all of d_pre_t; dh and dc stay in registers in float, and the next
+//   step's saved gates and cells load during the barrier.
 //
-// h_t and d_pre_t go through the exchange in the tensor dtype (what the
-// per-step cuBLAS path reads too); every product accumulates in float
-// (double for double) with plain FMA: float32 is strict fp32, never TF32.
-// Exchange buffers are double-buffered by step parity, so one barrier per
-// step suffices: a CTA writes buffer p of another CTA only after the
-// barrier that CTA passes after its last read of buffer p.
+// How a slice reaches the other CTAs is the exchange policy, the one
+// difference between the two kernels of each direction:
+//   ClusterExchange  a thread-block cluster (sm_90+): every CTA writes its
+//                    slice into every CTA's shared memory (DSMEM); one
+//                    cluster barrier per step. Both parities of the buffer
+//                    live on chip.
+//   GridExchange     any group of co-resident CTAs (a cooperative launch):
+//                    slices go to a global buffer (L2), the group meets at
+//                    an arrival counter, and each CTA reloads the whole step
+//                    into its shared memory.
+// Exchanged values travel in the tensor dtype (what the per-step cuBLAS path
+// reads too); every product accumulates in float (double for double) with
+// plain FMA: float32 is strict fp32, never TF32. Exchange buffers are
+// double-buffered by step parity, so one barrier per step suffices: a CTA
+// writes parity p again only after the barrier every CTA passes after its
+// last read of parity p.
+//
+// The cell math is the cell's (CellForward / CellBackward of cell_math.cuh);
+// the plan (which kernel, which split) is seq_plan.cpp's.
+#include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cooperative_groups.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <map>
+#include <type_traits>
 #include <mutex>
-#include <optional>
 #include <tuple>
 
+#include "../lltm.h"
 #include "cell_math.cuh"
 #include "seq_persistent.h"
+#include "seq_plan.h"
 
 namespace lltm {
 namespace cuda_detail {
 
-namespace cg = cooperative_groups;
-
 namespace {
 
 constexpr int kMaxThreads = 256;
-
-// The work split of one launch (same fields for forward and backward).
-struct Plan {
-  int cluster;     // CTAs per cluster
-  int units;       // J: state units per CTA (the last CTA may own fewer)
-  int rows;        // batch rows per cluster (the last cluster may own fewer)
-  int rows_padded; // rows rounded up to a multiple of the rows per thread
-  int clusters;
-  int per_thread;  // NB: batch rows one thread group accumulates
-  int ks;          // lanes that split one dot product's k range (1..32)
-  int threads;
-  int row;         // padded length (elements) of a shared-memory row of S
-  size_t smem;
-};
 
 template <typename scalar_t>
 struct ForwardParams {
@@ -78,8 +76,11 @@ struct ForwardParams {
   scalar_t* output;               // (T, B, S)
   scalar_t* h_n;                  // (B, S)
   scalar_t* c_n;                  // (B, S)
+  scalar_t* exchange;             // grid: (2, B, row) h_t by parity, zero past S
+  unsigned* arrivals;             // grid: (chunks,) zeroed, one counter per chunk
   int64_t steps, batch;
-  int state, units, rows, rows_padded, ks, row;
+  int64_t chunk0;                 // the first chunk of this launch (a wave)
+  int state, group, units, rows, rows_padded, ks, row;
 };
 
 template <typename scalar_t>
@@ -95,28 +96,150 @@ struct BackwardParams {
   scalar_t* d_pre;                // (T, B, 3S)
   scalar_t* grad_h0;              // (B, S) or null
   scalar_t* grad_c0;              // (B, S) or null
+  scalar_t* exchange;             // grid: (2, 3B, row) d_pre_t by parity, zero past S
+  unsigned* arrivals;             // grid: (chunks,) zeroed
   int64_t steps, batch;
-  int state, units, rows, rows_padded, ks, row;
+  int64_t chunk0;                 // the first chunk of this launch (a wave)
+  int state, group, units, rows, rows_padded, ks, row;
 };
 
 // Where this CTA sits: its units [j0, j0 + jn) and batch rows [b0, b0 + bn).
+// Group g of a launch is CTAs [g C, (g + 1) C) of the 1-D grid (for a
+// cluster launch that is the cluster, and blockIdx.x % C its rank in it),
+// and owns chunk chunk0 + g.
 struct Slice {
-  int rank, ctas, j0, jn, bn;
-  int64_t b0;
+  int rank, j0, jn, bn;
+  int64_t chunk, b0;
 };
 
-__device__ __forceinline__ Slice my_slice(const cg::cluster_group& cluster,
-                                          int units, int rows, int state,
-                                          int64_t batch) {
+template <typename Params>
+__device__ __forceinline__ Slice my_slice(const Params& p) {
+  const int group = p.group, units = p.units, rows = p.rows, state = p.state;
+  const int64_t batch = p.batch;
   Slice s;
-  s.rank = static_cast<int>(cluster.block_rank());
-  s.ctas = static_cast<int>(cluster.num_blocks());
+  s.rank = static_cast<int>(blockIdx.x % group);
+  s.chunk = p.chunk0 + blockIdx.x / group;
   s.j0 = s.rank * units;
   s.jn = max(0, min(units, state - s.j0));
-  s.b0 = static_cast<int64_t>(blockIdx.x / s.ctas) * rows;
+  s.b0 = s.chunk * rows;
   s.bn = static_cast<int>(::min(static_cast<int64_t>(rows), batch - s.b0));
   return s;
 }
+
+// ------------------------------------------------------- exchange policies
+//
+// Each holds the exchanged rows of one step, a matrix of R * rows_padded
+// rows of `row` elements (R = 1: h_t; R = 3: d_pre_t, row b * 3 + gate).
+//   view(parity)  what this CTA's dot products read
+//   put(...)      element (q, j) of this CTA's slice (row q, column j of
+//                 the matrix), held by `lanes` lanes of which this is `lane`
+//   arrive()      after the puts; the global stores of the step follow it
+//   wait(...)     every CTA's puts of that parity are in view(parity)
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+template <typename T>
+struct ClusterExchange {
+  T* local;           // [2][R Bp][row]: both parities, in this CTA
+  int parity_elems;   // R Bp row
+  int row;            // elements per exchanged row (padded)
+  int ctas;
+
+  __device__ T* view(int parity) const { return local + parity * parity_elems; }
+
+  __device__ void put(int parity, int q, int j, T v, int lane, int lanes) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    T* mine = view(parity) + q * row + j;
+    for (int d = lane; d < ctas; d += lanes) {
+      // The same offset in CTA d's shared memory (a generic address).
+      uint64_t remote;
+      asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(remote) : "l"(mine), "r"(d));
+      *reinterpret_cast<T*>(remote) = v;
+    }
+#endif
+  }
+  // arrive.release orders this thread's earlier stores (to any CTA's shared
+  // memory) before the other CTAs' wait.acquire returns; work between the
+  // two halves overlaps the barrier.
+  __device__ void arrive() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+#endif
+  }
+  __device__ void wait(int /*parity*/, int64_t /*n*/) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+#endif
+  }
+  // Every CTA of the cluster runs (and has its buffers set) before any CTA
+  // writes into another's shared memory.
+  __device__ void start() const {
+    arrive();
+    wait(0, 0);
+  }
+
+  template <typename Params>
+  __device__ static ClusterExchange make(const Params& p, const Slice&, T* buffer, int rows_per) {
+    return {buffer, rows_per * p.rows_padded * p.row, p.row, p.group};
+  }
+};
+
+template <typename T>
+struct GridExchange {
+  T* local;                   // [R Bp][row] in this CTA
+  T* global;                  // [2][R B][row]
+  unsigned* arrivals;         // this chunk's counter
+  int64_t parity_elems;       // R B row
+  int64_t first;              // R b0: this chunk's first exchanged row
+  int rows;                   // R bn: this chunk's exchanged rows
+  int row;                    // elements per exchanged row (padded)
+  int group;
+
+  __device__ T* view(int /*parity*/) const { return local; }
+
+  __device__ void put(int parity, int q, int j, T v, int lane, int lanes) const {
+    if (lane == q % lanes) global[parity * parity_elems + (first + q) * row + j] = v;
+  }
+  // The CTA's puts, then one arrival (the fence makes them visible to the
+  // whole GPU before the count does).
+  __device__ void arrive() const {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(arrivals, 1u);
+    }
+  }
+  // The n-th exchange of this launch is complete when the group has
+  // arrived (n + 1) times; then the chunk's rows of that parity are copied
+  // into shared memory, 16 bytes at a time, from L2 (ld.global.cg: another
+  // SM wrote them, this SM's L1 may hold an older copy).
+  __device__ void wait(int parity, int64_t n) const {
+    if (threadIdx.x == 0) {
+      const unsigned target = static_cast<unsigned>(n + 1) * static_cast<unsigned>(group);
+      while (static_cast<int>(load_acquire(arrivals) - target) < 0) {
+      }
+    }
+    __syncthreads();
+    const int4* src = reinterpret_cast<const int4*>(global + parity * parity_elems + first * row);
+    int4* dst = reinterpret_cast<int4*>(local);
+    const int vectors = rows * row * static_cast<int>(sizeof(T)) / 16;
+    for (int e = threadIdx.x; e < vectors; e += blockDim.x) dst[e] = __ldcg(src + e);
+    __syncthreads();
+  }
+  __device__ void start() const { __syncthreads(); }
+
+  template <typename Params>
+  __device__ static GridExchange make(const Params& p, const Slice& s, T* buffer, int rows_per) {
+    return {buffer,           p.exchange, p.arrivals + s.chunk, rows_per * p.batch * p.row,
+            rows_per * s.b0, rows_per * s.bn, p.row,    p.group};
+  }
+};
+
+// ------------------------------------------------------------ the kernels
 
 // The lanes of the KS-lane group this lane belongs to (KS divides 32).
 __device__ __forceinline__ unsigned group_mask(int ks) {
@@ -133,23 +256,13 @@ __device__ __forceinline__ void group_sum(acc_t (&v)[N], int ks, unsigned mask) 
   }
 }
 
-// The two halves of the cluster barrier. arrive.release orders this
-// thread's earlier stores (to any CTA's shared memory) before the other CTAs'
-// wait.acquire returns; work between the two overlaps the barrier.
-__device__ __forceinline__ void cluster_arrive() {
-  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
-}
-
-// Thread layout shared by both kernels: thread group q (KS lanes) owns unit
+// Thread layout shared by every kernel: thread group q (KS lanes) owns unit
 // j0 + q % jn and the NB batch rows r0 .. r0 + NB - 1 of this CTA, for the
 // whole sequence. Its lanes split the k range of the dot products and then
 // all hold the same sums (a butterfly of commutative adds), so every lane
 // runs the cell math of its group's NB rows and keeps the same carried
 // state in registers; lane ks stores row n to global memory when
-// n % KS == ks, and pushes the new values to the CTAs ks, ks + KS, ...
+// n % KS == ks.
 struct Group {
   int ks, KS, jj, j, r0;
   unsigned mask;
@@ -170,34 +283,41 @@ __device__ __forceinline__ Group my_group(const Slice& s, int KS, int rows_padde
   return g;
 }
 
-template <typename scalar_t, int NB>
+template <typename scalar_t, int NB, template <typename> class Exchange>
 __global__ void __launch_bounds__(kMaxThreads)
     seq_forward_persistent_kernel(const ForwardParams<scalar_t> p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int V = 16 / sizeof(scalar_t);  // elements per 16-byte chunk
-  const cg::cluster_group cluster = cg::this_cluster();
-  const Slice s = my_slice(cluster, p.units, p.rows, p.state, p.batch);
+  constexpr bool kCluster = std::is_same_v<Exchange<scalar_t>, ClusterExchange<scalar_t>>;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  // No clusters in this build's code for the device: the host never
+  // launches this (seq_persistent's arch check); if it did, fail loudly.
+  if constexpr (kCluster) {
+    __trap();
+    return;
+  }
+#endif
+  const Slice s = my_slice(p);
   const int J = p.units, S = p.state, row = p.row, Bp = p.rows_padded;
   const int64_t S3 = 3 * int64_t(S);
+  constexpr int kParities = kCluster ? 2 : 1;
 
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* w_s = reinterpret_cast<scalar_t*>(smem);  // [3][J][row]
-  scalar_t* h_s = w_s + 3 * J * row;                  // [2][Bp][row]
+  scalar_t* h_s = w_s + 3 * J * row;                  // [parities][Bp][row]
 
   // W_h's rows of this CTA's units and h0 of its batch rows; zero padding
   // past S and past the last row, so the dot products need no bounds.
   for (int e = threadIdx.x; e < 3 * J * row; e += blockDim.x) {
     const int k = e % row, r = e / row;
     const int g = r / J, jj = r - g * J;
-    w_s[e] = (jj < s.jn && k < S)
-                 ? p.w[(int64_t(g) * S + s.j0 + jj) * p.w_ld + k]
-                 : scalar_t(0);
+    w_s[e] = (jj < s.jn && k < S) ? p.w[(int64_t(g) * S + s.j0 + jj) * p.w_ld + k] : scalar_t(0);
   }
-  for (int e = threadIdx.x; e < 2 * Bp * row; e += blockDim.x) {
+  for (int e = threadIdx.x; e < kParities * Bp * row; e += blockDim.x) {
     const int k = e % row, r = e / row;
     h_s[e] = (r < s.bn && k < S) ? p.h0[(s.b0 + r) * p.h0_ld + k] : scalar_t(0);
   }
+  const Exchange<scalar_t> ex = Exchange<scalar_t>::make(p, s, h_s, 1);
 
   const Group grp = my_group<NB>(s, p.ks, Bp);
   const int j = grp.j;
@@ -231,13 +351,12 @@ __global__ void __launch_bounds__(kMaxThreads)
   };
   load_z(0);
   scalar_t h_out[NB], y_out[NB], gate_out[3][NB];  // step t's results
-  // Every CTA of the cluster runs (and has its buffers set) before any CTA
-  // writes into another's shared memory.
-  cluster.sync();
+  ex.start();
 
   for (int64_t t = 0; t < p.steps; ++t) {
-    const scalar_t* h_cur = h_s + (t & 1) * Bp * row;
-    scalar_t* h_nxt = h_s + ((t + 1) & 1) * Bp * row;
+    // h_{t-1} is in parity t & 1 (h0 in 0); h_t goes to the other one.
+    const scalar_t* h_cur = ex.view(t & 1);
+    const int next = (t + 1) & 1;
     const bool last = t + 1 == p.steps;
     if (grp.working) {
       acc_t acc[3 * NB];
@@ -266,8 +385,7 @@ __global__ void __launch_bounds__(kMaxThreads)
         if (!valid[n]) continue;
         const int r = grp.r0 + n;
         if (t < length[n]) {
-          const CellForward<acc_t> cell(z[0][n] + bias[0] + acc[n],
-                                        z[1][n] + bias[1] + acc[NB + n],
+          const CellForward<acc_t> cell(z[0][n] + bias[0] + acc[n], z[1][n] + bias[1] + acc[NB + n],
                                         z[2][n] + bias[2] + acc[2 * NB + n], c[n]);
           c[n] = cell.new_cell;
           h_out[n] = static_cast<scalar_t>(cell.new_h);
@@ -279,17 +397,13 @@ __global__ void __launch_bounds__(kMaxThreads)
           h_out[n] = h_cur[r * row + j];
           y_out[n] = gate_out[0][n] = gate_out[1][n] = gate_out[2][n] = scalar_t(0);
         }
-        if (!last) {
-          for (int d = grp.ks; d < s.ctas; d += grp.KS) {
-            cluster.map_shared_rank(h_nxt, d)[r * row + j] = h_out[n];
-          }
-        }
+        if (!last) ex.put(next, r, j, h_out[n], grp.ks, grp.KS);
       }
     }
-    // The release half of the barrier waits for this thread's earlier
-    // stores: only the DSMEM pushes come before it; the global stores
-    // (read by no CTA of this launch) follow it.
-    if (!last) cluster_arrive();
+    // The arrive waits for this thread's earlier stores: only the exchange
+    // comes before it; the global stores (read by no CTA of this launch)
+    // follow it.
+    if (!last) ex.arrive();
     if (grp.working) {
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
@@ -307,25 +421,30 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     if (last) break;
     if (grp.working) load_z(t + 1);
-    cluster_wait();  // every slice of h_t is in every CTA
+    ex.wait(next, t);  // every slice of h_t is in view(next)
   }
-#endif
 }
 
-template <typename scalar_t, int NB>
+template <typename scalar_t, int NB, template <typename> class Exchange>
 __global__ void __launch_bounds__(kMaxThreads)
     seq_backward_persistent_kernel(const BackwardParams<scalar_t> p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int V = 16 / sizeof(scalar_t);
-  const cg::cluster_group cluster = cg::this_cluster();
-  const Slice s = my_slice(cluster, p.units, p.rows, p.state, p.batch);
+  constexpr bool kCluster = std::is_same_v<Exchange<scalar_t>, ClusterExchange<scalar_t>>;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if constexpr (kCluster) {  // see the forward kernel
+    __trap();
+    return;
+  }
+#endif
+  const Slice s = my_slice(p);
   const int J = p.units, S = p.state, row = p.row, Bp = p.rows_padded;
   const int64_t S3 = 3 * int64_t(S);
+  constexpr int kParities = kCluster ? 2 : 1;
 
   extern __shared__ __align__(16) unsigned char smem[];
   scalar_t* wt_s = reinterpret_cast<scalar_t*>(smem);  // [3][J][row]
-  scalar_t* x_s = wt_s + 3 * J * row;                  // [2][Bp][3][row]
+  scalar_t* x_s = wt_s + 3 * J * row;                  // [parities][Bp][3][row]
 
   // wt_s[g][jj][k] = W_h[g S + k][j0 + jj]: this CTA's columns of W_h as
   // rows (read with jj fastest, so consecutive threads read consecutive
@@ -334,10 +453,10 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int jj = e % J, gk = e / J;
     const int k = gk % row, g = gk / row;
     wt_s[(g * J + jj) * row + k] =
-        (jj < s.jn && k < S) ? p.w[(int64_t(g) * S + k) * p.w_ld + s.j0 + jj]
-                             : scalar_t(0);
+        (jj < s.jn && k < S) ? p.w[(int64_t(g) * S + k) * p.w_ld + s.j0 + jj] : scalar_t(0);
   }
-  for (int e = threadIdx.x; e < 2 * Bp * 3 * row; e += blockDim.x) x_s[e] = scalar_t(0);
+  for (int e = threadIdx.x; e < kParities * Bp * 3 * row; e += blockDim.x) x_s[e] = scalar_t(0);
+  const Exchange<scalar_t> ex = Exchange<scalar_t>::make(p, s, x_s, 3);
 
   const Group grp = my_group<NB>(s, p.ks, Bp);
   const int j = grp.j;
@@ -371,11 +490,11 @@ __global__ void __launch_bounds__(kMaxThreads)
   };
   load_step(p.steps - 1);
   scalar_t d_out[3][NB];  // step t's d_pre
-  cluster.sync();
+  ex.start();
 
   for (int64_t t = p.steps - 1; t >= 0; --t) {
-    scalar_t* x_cur = x_s + (t & 1) * Bp * 3 * row;
-    // d_pre_t of this group's unit and rows, pushed into every CTA.
+    const int parity = t & 1;
+    // d_pre_t of this group's unit and rows, published to every CTA.
     if (grp.working) {
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
@@ -383,8 +502,8 @@ __global__ void __launch_bounds__(kMaxThreads)
         const int r = grp.r0 + n;
         acc_t d[3] = {acc_t(0), acc_t(0), acc_t(0)};
         if (t < length[n]) {
-          const CellBackward<acc_t> cell(dh[n] + gout_t[n], dc[n], cell_t[n],
-                                         gate_t[0][n], gate_t[1][n], gate_t[2][n]);
+          const CellBackward<acc_t> cell(dh[n] + gout_t[n], dc[n], cell_t[n], gate_t[0][n], gate_t[1][n],
+                                         gate_t[2][n]);
           d[0] = cell.d_input;
           d[1] = cell.d_output;
           d[2] = cell.d_candidate;
@@ -393,15 +512,13 @@ __global__ void __launch_bounds__(kMaxThreads)
         }
         // Past a row's length h_t = h_{t-1}: dh carries over as it is.
 #pragma unroll
-        for (int i = 0; i < 3; ++i) d_out[i][n] = static_cast<scalar_t>(d[i]);
-        for (int dst = grp.ks; dst < s.ctas; dst += grp.KS) {
-          scalar_t* remote = cluster.map_shared_rank(x_cur, dst);
-#pragma unroll
-          for (int i = 0; i < 3; ++i) remote[(r * 3 + i) * row + j] = d_out[i][n];
+        for (int i = 0; i < 3; ++i) {
+          d_out[i][n] = static_cast<scalar_t>(d[i]);
+          ex.put(parity, r * 3 + i, j, d_out[i][n], grp.ks, grp.KS);
         }
       }
     }
-    cluster_arrive();  // before the global stores: see the forward kernel
+    ex.arrive();  // before the global stores: see the forward kernel
     if (grp.working) {
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
@@ -412,11 +529,12 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
     }
     if (grp.working && t > 0) load_step(t - 1);
-    cluster_wait();  // all of d_pre_t is in every CTA
+    ex.wait(parity, p.steps - 1 - t);  // all of d_pre_t is in view(parity)
     if (t == 0 && p.grad_h0 == nullptr) break;
 
     // d h_{t-1}[b, j] += sum_g sum_k d_pre_t[b, g S + k] W_h[g S + k, j]
     if (grp.working) {
+      const scalar_t* x_cur = ex.view(parity);
       acc_t acc[NB];
 #pragma unroll
       for (int n = 0; n < NB; ++n) acc[n] = acc_t(0);
@@ -449,206 +567,227 @@ __global__ void __launch_bounds__(kMaxThreads)
     if (p.grad_h0 != nullptr) p.grad_h0[at] = static_cast<scalar_t>(dh[n]);
     if (p.grad_c0 != nullptr) p.grad_c0[at] = static_cast<scalar_t>(dc[n]);
   }
-#endif
 }
 
 // ------------------------------------------------------------------ host
 
-enum class SeqPath { kAuto, kPersistent, kLoop };
-
-SeqPath seq_path() {
-  const char* forced = std::getenv("LLTM_SEQ_PATH");
-  if (forced == nullptr || *forced == '\0') return SeqPath::kAuto;
-  if (std::strcmp(forced, "persistent") == 0) return SeqPath::kPersistent;
-  if (std::strcmp(forced, "loop") == 0) return SeqPath::kLoop;
-  TORCH_CHECK(false, "LLTM_SEQ_PATH=", forced,
-              " is not a sequence path: use persistent, loop, or leave it unset");
-}
-
-int forced_cluster() {
-  const char* forced = std::getenv("LLTM_SEQ_CLUSTER");
-  if (forced == nullptr || *forced == '\0') return 0;
-  const int n = std::atoi(forced);
-  TORCH_CHECK(n >= 1 && n <= 16, "LLTM_SEQ_CLUSTER=", forced,
-              " must be a cluster size from 1 to 16");
-  return n;
-}
-
-// The split for B batch rows and S units with `cluster` CTAs per cluster,
-// or nothing when the shared memory of one CTA cannot hold it.
-std::optional<Plan> plan_for(bool backward, int64_t batch, int64_t state,
-                             int elem, int cluster,
-                             int max_clusters, size_t smem_limit) {
-  const int V = 16 / elem;
-  const int units = static_cast<int>(ceil_div(state, cluster));
-  Plan plan{};
-  plan.cluster = static_cast<int>(ceil_div(state, units));  // no idle CTA
-  plan.units = units;
-  const int64_t chunks = ceil_div(state, V);
-  int64_t rows = ceil_div(batch, std::max(1, max_clusters));
-  for (; rows >= 1; rows = ceil_div(rows, 2)) {
-    const int nb = rows >= 4 ? 4 : (rows >= 2 ? 2 : 1);
-    const int64_t padded = ceil_div(rows, nb) * nb;
-    const int64_t pairs = int64_t(units) * (padded / nb);
-    int ks = 32;
-    while (ks > 1 && (pairs * ks > kMaxThreads || ks > chunks)) ks /= 2;
-    // Rows a multiple of 8 chunks apart put the KS lanes of 8 / KS groups
-    // on one bank set: offset the stride by KS chunks (mod 8) instead.
-    int64_t row_chunks = chunks;
-    if (ks < 8) {
-      while (row_chunks % 8 != ks) ++row_chunks;
-    }
-    const int64_t row = row_chunks * V;
-    const int64_t exchange = backward ? 2 * padded * 3 * row : 2 * padded * row;
-    const int64_t smem = (3 * int64_t(units) * row + exchange) * elem;
-    // One (unit, rows) pair per thread group: its state lives in registers.
-    if (pairs <= kMaxThreads && smem <= static_cast<int64_t>(smem_limit)) {
-      plan.rows = static_cast<int>(rows);
-      plan.rows_padded = static_cast<int>(padded);
-      plan.clusters = static_cast<int>(ceil_div(batch, rows));
-      plan.per_thread = nb;
-      plan.ks = ks;
-      plan.threads = static_cast<int>(
-          std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, ceil_div(pairs * ks, 32) * 32)));
-      plan.row = static_cast<int>(row);
-      plan.smem = static_cast<size_t>(smem);
-      return plan;
-    }
-    if (rows == 1) break;
-  }
-  return std::nullopt;
-}
-
 template <typename Params>
 using Kernel = void (*)(Params);
 
-// How many clusters of this launch shape can run at once on the device
-// (0: none); asked once per kernel, device and shape.
-template <typename Params>
-int active_clusters(Kernel<Params> kernel, int device, const cudaLaunchConfig_t& config,
-                    int cluster, size_t smem_limit) {
-  using Key = std::tuple<const void*, int, int, unsigned, size_t>;
-  static std::mutex mutex;
-  static std::map<Key, int> cache;
-  const Key key{reinterpret_cast<const void*>(kernel), device, cluster, config.blockDim.x,
-                config.dynamicSmemBytes};
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto found = cache.find(key);
-  if (found != cache.end()) return found->second;
-  int active = 0;
-  // The dynamic shared memory limit is raised to the device's maximum once,
-  // so every plan of this kernel can launch.
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem_limit)) != cudaSuccess ||
-      (cluster > 8 &&
-       cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-           cudaSuccess) ||
-      cudaOccupancyMaxActiveClusters(&active, kernel, &config) != cudaSuccess) {
-    (void)cudaGetLastError();
-    active = 0;
+template <typename scalar_t, bool kBackward, int NB, template <typename> class Exchange>
+constexpr auto kernel_instance() {
+  if constexpr (kBackward) {
+    return &seq_backward_persistent_kernel<scalar_t, NB, Exchange>;
+  } else {
+    return &seq_forward_persistent_kernel<scalar_t, NB, Exchange>;
   }
-  cache.emplace(key, active);
-  return active;
 }
 
-// The launch configuration of a plan (`attr` holds its cluster shape).
-cudaLaunchConfig_t launch_config(const Plan& plan, cudaStream_t stream,
+// The instantiation for a path and NB batch rows per thread group.
+template <typename scalar_t, bool kBackward>
+auto kernel_for(SeqPath path, int per_thread) {
+  const bool cluster = path == SeqPath::kCluster;
+  switch (per_thread) {
+    case 4:
+      return cluster ? kernel_instance<scalar_t, kBackward, 4, ClusterExchange>()
+                     : kernel_instance<scalar_t, kBackward, 4, GridExchange>();
+    case 2:
+      return cluster ? kernel_instance<scalar_t, kBackward, 2, ClusterExchange>()
+                     : kernel_instance<scalar_t, kBackward, 2, GridExchange>();
+    default:
+      return cluster ? kernel_instance<scalar_t, kBackward, 1, ClusterExchange>()
+                     : kernel_instance<scalar_t, kBackward, 1, GridExchange>();
+  }
+}
+
+// The virtual architecture the running device's code of `kernel` was
+// compiled for (ptxVersion: 90 for a body built for sm_90 or JIT-compiled
+// from compute_90 PTX, 80 for compute_80 PTX run on a newer GPU), 0 when
+// the build has no code for this device. Asked once per kernel and device.
+int code_arch(const void* kernel, int device) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(kernel, device);
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  cudaFuncAttributes attr{};
+  int arch = 0;
+  if (cudaFuncGetAttributes(&attr, kernel) == cudaSuccess) {
+    arch = attr.ptxVersion;
+  } else {
+    (void)cudaGetLastError();
+  }
+  cache.emplace(key, arch);
+  return arch;
+}
+
+// The launch configuration of a split (`attr` holds its cluster shape or
+// the cooperative flag).
+cudaLaunchConfig_t launch_config(SeqPath path, const Split& split, cudaStream_t stream,
                                  cudaLaunchAttribute& attr) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(grid_size(int64_t(plan.cluster) * plan.clusters));
-  config.blockDim = dim3(plan.threads);
-  config.dynamicSmemBytes = plan.smem;
+  config.gridDim = dim3(grid_size(int64_t(split.group) * split.per_wave));
+  config.blockDim = dim3(split.threads);
+  config.dynamicSmemBytes = split.smem;
   config.stream = stream;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = plan.cluster;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
+  if (path == SeqPath::kCluster) {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = split.group;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+  } else {
+    // Co-residency of every CTA: a group spins on its arrival counter.
+    attr.id = cudaLaunchAttributeCooperative;
+    attr.val.cooperative = 1;
+  }
   config.attrs = &attr;
   config.numAttrs = 1;
   return config;
 }
 
-template <typename scalar_t, bool kBackward, int NB>
-constexpr auto kernel_instance() {
-  if constexpr (kBackward) {
-    return &seq_backward_persistent_kernel<scalar_t, NB>;
-  } else {
-    return &seq_forward_persistent_kernel<scalar_t, NB>;
+// How many batch chunks of this launch shape run at once on the device (0:
+// none); asked once per kernel, device and shape.
+template <typename Params>
+int resident_chunks(Kernel<Params> kernel, SeqPath path, const Split& split, int device,
+                    size_t smem_limit, int sms) {
+  using Key = std::tuple<const void*, int, int, unsigned, size_t>;
+  static std::mutex mutex;
+  static std::map<Key, int> cache;
+  const Key key{reinterpret_cast<const void*>(kernel), device, split.group,
+                static_cast<unsigned>(split.threads), split.smem};
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  int chunks = 0;
+  // The dynamic shared memory limit is raised to the device's maximum once,
+  // so every split of this kernel can launch.
+  bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(smem_limit)) == cudaSuccess;
+  if (ok && path == SeqPath::kCluster) {
+    ok = split.group <= 8 ||
+         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+    Split one = split;  // the shape of one cluster
+    one.per_wave = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t config = launch_config(path, one, nullptr, attr);
+    ok = ok && cudaOccupancyMaxActiveClusters(&chunks, kernel, &config) == cudaSuccess;
+  } else if (ok) {
+    int per_sm = 0;
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, split.threads, split.smem) ==
+         cudaSuccess;
+    chunks = per_sm * sms / split.group;
   }
+  if (!ok) {
+    (void)cudaGetLastError();
+    chunks = 0;
+  }
+  cache.emplace(key, chunks);
+  return chunks;
 }
 
-// The instantiation for NB batch rows per thread group (1, 2 or 4).
+// The planner's view of the device and of this build's code for it.
 template <typename scalar_t, bool kBackward>
-auto kernel_for(int per_thread) {
-  switch (per_thread) {
-    case 4: return kernel_instance<scalar_t, kBackward, 4>();
-    case 2: return kernel_instance<scalar_t, kBackward, 2>();
-    default: return kernel_instance<scalar_t, kBackward, 1>();
+DeviceLimits device_limits(int device) {
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device);
+  DeviceLimits d;
+  d.sms = prop->multiProcessorCount;
+  d.smem_per_block = prop->sharedMemPerBlockOptin;
+  int khz = 0;
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device) == cudaSuccess && khz > 0) {
+    d.clock_ghz = khz * 1e-6;
+  } else {
+    (void)cudaGetLastError();
   }
+  auto arch = [&](SeqPath path) {
+    return code_arch(reinterpret_cast<const void*>(kernel_for<scalar_t, kBackward>(path, 1)), device);
+  };
+  d.cluster_kernels = prop->major >= 9 && arch(SeqPath::kCluster) >= 90;
+  d.grid_kernels = prop->cooperativeLaunch != 0 && arch(SeqPath::kGrid) > 0;
+  return d;
 }
 
-// Picks the plan and launches the kernel with it; false when no plan can
-// run here.
-template <typename scalar_t, bool kBackward, typename Params>
-bool launch(const char* what, const Params& base, int64_t batch, int64_t state,
-            const at::Tensor& like) {
-  const SeqPath path = seq_path();
-  if (path == SeqPath::kLoop) return false;
-  auto refuse = [&](const char* why) {
-    TORCH_CHECK(path != SeqPath::kPersistent, "lltm::fused (CUDA): LLTM_SEQ_PATH=persistent, but the persistent ",
-                what, " kernel cannot run here: ", why);
-    return false;
-  };
-  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(like.get_device());
-  if (prop->major < 9) return refuse("it needs thread-block clusters (compute capability 9.0 or newer)");
-  const int forced = forced_cluster();
-  const int sms = prop->multiProcessorCount;
-  const size_t smem_limit = prop->sharedMemPerBlockOptin;
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-
-  // Default: 8 CTAs per cluster (the portable size), 16 when W_h's slices
-  // only fit in 16 CTAs' shared memory.
-  const int sizes[] = {forced > 0 ? forced : 8, 16};
-  const int tries = forced > 0 ? 1 : 2;
-  const int device = like.get_device();
-  // How many clusters of this plan's shape can run at once (0: none).
-  auto schedulable = [&](const Plan& plan) {
-    cudaLaunchAttribute attr;
-    return active_clusters(kernel_for<scalar_t, kBackward>(plan.per_thread), device,
-                           launch_config(plan, stream, attr), plan.cluster, smem_limit);
-  };
-  for (int attempt = 0; attempt < tries; ++attempt) {
-    const int cluster = std::min<int64_t>(sizes[attempt], state);
-    auto plan_with = [&](int max_clusters) {
-      return plan_for(kBackward, batch, state, sizeof(scalar_t), cluster, max_clusters,
-                      smem_limit);
-    };
-    std::optional<Plan> plan = plan_with(sms / cluster);
-    if (!plan) continue;
-    const int active = schedulable(*plan);
-    if (active == 0) continue;
-    if (plan->clusters > active) {
-      // Fewer clusters than planned fit on the device at once (GPC sizes):
-      // the rest would run as a second wave. Spread the batch over the ones
-      // that fit instead, where their shared memory allows.
-      std::optional<Plan> wider = plan_with(active);
-      if (wider && wider->clusters <= active && schedulable(*wider) >= wider->clusters) {
-        plan = wider;
-      }
-    }
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t config = launch_config(*plan, stream, attr);
-    const Kernel<Params> kernel = kernel_for<scalar_t, kBackward>(plan->per_thread);
-    Params params = base;
-    params.units = plan->units;
-    params.rows = plan->rows;
-    params.rows_padded = plan->rows_padded;
-    params.ks = plan->ks;
-    params.row = plan->row;
-    C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
-    return true;
+// The decision for one problem on one device, made once per problem and
+// setting (the environment's overrides and the TF32 switch are in the key).
+template <typename scalar_t, bool kBackward>
+const Decision& decide(const Problem& problem, int device) {
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, std::string>;
+  static std::mutex mutex;
+  static std::map<Key, Decision> cache;
+  std::string env;
+  for (const char* name : {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP"}) {
+    const char* v = std::getenv(name);
+    env += std::string(v == nullptr ? "" : v) + ";";
   }
-  return refuse("W_h does not fit in the shared memory of one cluster");
+  const Key key{problem.steps, problem.batch, problem.state, device, problem.tensor_cores, env};
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto found = cache.find(key);
+    if (found != cache.end()) return found->second;
+  }
+  const DeviceLimits limits = device_limits<scalar_t, kBackward>(device);
+  const ResidentChunks resident = [&](SeqPath path, const Split& split) {
+    return resident_chunks(kernel_for<scalar_t, kBackward>(path, split.per_thread), path, split, device,
+                           limits.smem_per_block, limits.sms);
+  };
+  Decision decision = plan_time_loop(problem, limits, resident);
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() > 4096) cache.clear();  // many distinct shapes: start over
+  return cache.emplace(key, std::move(decision)).first->second;
+}
+
+template <typename scalar_t>
+Problem problem_of(bool backward, int64_t steps, int64_t batch, int64_t state) {
+  Problem p;
+  p.backward = backward;
+  p.steps = steps;
+  p.batch = batch;
+  p.state = state;
+  p.elem = sizeof(scalar_t);
+  p.is_double = std::is_same_v<scalar_t, double>;
+  p.tensor_cores = sizeof(scalar_t) == 2 ||
+                   (std::is_same_v<scalar_t, float> && at::globalContext().allowTF32CuBLAS());
+  return p;
+}
+
+// Launches the persistent kernel of the decided plan; false when the plan is
+// the step loop.
+template <typename scalar_t, bool kBackward, typename Params>
+bool launch(const Params& base, const at::Tensor& like) {
+  const int device = like.get_device();
+  const Problem problem = problem_of<scalar_t>(kBackward, base.steps, base.batch, base.state);
+  const Plan& plan = decide<scalar_t, kBackward>(problem, device).chosen;
+  if (plan.path == SeqPath::kLoop) return false;
+  const Split& split = plan.split;
+  Params params = base;
+  params.group = split.group;
+  params.units = split.units;
+  params.rows = split.rows;
+  params.rows_padded = split.rows_padded;
+  params.ks = split.ks;
+  params.row = split.row;
+  at::Tensor exchange, arrivals;
+  if (plan.path == SeqPath::kGrid) {
+    // Zeroed: padding past S is read as 0, and the counters start at 0.
+    const int64_t rows_per = kBackward ? 3 : 1;
+    exchange = at::zeros({2, rows_per * base.batch, split.row}, like.options());
+    arrivals = at::zeros({split.chunks}, like.options().dtype(at::kInt));
+    params.exchange = exchange.mutable_data_ptr<scalar_t>();
+    params.arrivals = reinterpret_cast<unsigned*>(arrivals.mutable_data_ptr<int>());
+  }
+  const Kernel<Params> kernel = kernel_for<scalar_t, kBackward>(plan.path, split.per_thread);
+  // One launch per wave of chunks, in turn on the stream (chunks are
+  // independent; every CTA of a launch is resident at once).
+  for (int64_t chunk0 = 0; chunk0 < split.chunks; chunk0 += split.per_wave) {
+    Split wave = split;
+    wave.per_wave = static_cast<int>(std::min<int64_t>(split.per_wave, split.chunks - chunk0));
+    params.chunk0 = chunk0;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t config =
+        launch_config(plan.path, wave, c10::cuda::getCurrentCUDAStream(), attr);
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+  }
+  return true;
 }
 
 }  // namespace
@@ -678,7 +817,7 @@ bool seq_forward_persistent(const at::Tensor& gates, const RowMajor& w,
         p.steps = steps;
         p.batch = batch;
         p.state = static_cast<int>(state);
-        launched = launch<scalar_t, false>("forward", p, batch, state, gates);
+        launched = launch<scalar_t, false>(p, gates);
       });
   return launched;
 }
@@ -714,10 +853,27 @@ bool seq_backward_persistent(const at::Tensor& grad_output,
         p.steps = steps;
         p.batch = batch;
         p.state = static_cast<int>(state);
-        launched = launch<scalar_t, true>("backward", p, batch, state, cells);
+        launched = launch<scalar_t, true>(p, cells);
       });
   return launched;
 }
 
 }  // namespace cuda_detail
+
+std::string fused_cuda_seq_plan(bool backward, int64_t steps, int64_t batch, int64_t state,
+                                c10::ScalarType dtype, int64_t device) {
+  using namespace cuda_detail;
+  TORCH_CHECK(steps >= 0 && batch >= 0 && state >= 1, "lltm::_fused_cuda_seq_plan: expected steps >= 0, "
+              "batch >= 0 and state >= 1, got ", steps, ", ", batch, ", ", state);
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  std::string report;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "lltm_fused_cuda_seq_plan", [&] {
+    const Problem problem = problem_of<scalar_t>(backward, steps, batch, state);
+    const Decision& decision = backward ? decide<scalar_t, true>(problem, static_cast<int>(device))
+                                        : decide<scalar_t, false>(problem, static_cast<int>(device));
+    report = describe(problem, decision);
+  });
+  return report;
+}
+
 }  // namespace lltm

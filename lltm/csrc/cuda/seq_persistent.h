@@ -1,14 +1,10 @@
-// The persistent recurrent kernels of the fused CUDA sequence operators
-// (sm_90 thread-block clusters). Each entry point either runs the whole time
-// loop of one direction in one launch and returns true, or launches nothing
-// and returns false (no sm_90, W_h does not fit in the cluster's shared
-// memory, a cluster cannot be scheduled, or LLTM_SEQ_PATH=loop): the caller
-// then runs the step loop over cuBLAS (seq_forward.cu / seq_backward.cu),
-// which gives the same results.
-//
-// LLTM_SEQ_PATH=persistent|loop forces one path (tests, benchmarks);
-// "persistent" raises where it cannot run. LLTM_SEQ_CLUSTER=N picks the
-// cluster size (1..16) instead of the default rule.
+// The persistent recurrent kernels of the fused CUDA sequence operators:
+// the whole time loop of one direction in one launch, over thread-block
+// clusters (sm_90+) or over a cooperative grid (sm_80+). Each entry point
+// asks the planner (seq_plan.h) for the time loop of its problem and either
+// launches the chosen persistent kernel and returns true, or launches
+// nothing and returns false when the plan is the step loop over cuBLAS
+// (seq_forward.cu / seq_backward.cu), which gives the same results.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,0 +1,339 @@
+// The time-loop planner of the fused CUDA sequence ops (see seq_plan.h).
+//
+// The cost model, per step of one direction, in cycles of one SM (the
+// constants were fitted to `python -m lltm.bench.seq_sweep` on an H100 and
+// are written down in docs/benchmarks.md with the fit):
+//
+//   persistent (cluster, grid):
+//     dot      max(issue, smem): a thread group's dot products over its k
+//              range, `issue` = instructions per thread (16-byte shared
+//              loads, conversions, FMAs) x warps per scheduler, `smem` =
+//              bytes the CTA reads from shared memory / 128 per cycle
+//     reduce   a shuffle butterfly over the KS lanes of a group
+//     exchange cluster: remote stores to C CTAs + the cluster barrier;
+//              grid: one global store, the group's arrival counter, and the
+//              reload of all exchanged rows from L2
+//     fixed    the cell math and the step's loads, a constant per path
+//   loop: one GEMM and one pointwise kernel per step from a CUDA graph,
+//     each max(a floor, its FLOPs or bytes at the device's rate).
+//
+// A persistent plan's time is waves x (launch + steps x step); the loop's
+// steps x step. The planner needs no precision from the model where one
+// path wins by far (most of the grid); where two are close the choice costs
+// little either way.
+#include "seq_plan.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <sstream>
+
+namespace lltm {
+namespace cuda_detail {
+
+namespace {
+
+constexpr int kMaxThreads = 256;  // the persistent kernels' __launch_bounds__
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---------------------------------------------------------------- choices
+
+struct Allowed {
+  bool cluster = true, grid = true, loop = true;
+  bool forced = false;  // exactly one path named: it must run
+  int cluster_size = 0;  // LLTM_SEQ_CLUSTER, 0: the planner's choice
+  int grid_group = 0;    // LLTM_SEQ_GROUP, 0: the planner's choice
+};
+
+int read_size(const char* name, int lo, int hi) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const long n = std::strtol(text, &end, 10);
+  TORCH_CHECK(*end == '\0' && n >= lo && n <= hi, name, "=", text, " must be a whole number from ", lo,
+              " to ", hi);
+  return static_cast<int>(n);
+}
+
+Allowed read_environment() {
+  Allowed a;
+  a.cluster_size = read_size("LLTM_SEQ_CLUSTER", 1, 16);
+  a.grid_group = read_size("LLTM_SEQ_GROUP", 1, 1 << 16);
+  const char* text = std::getenv("LLTM_SEQ_PATH");
+  if (text == nullptr || *text == '\0') return a;
+  a.cluster = a.grid = a.loop = false;
+  int named = 0;
+  std::string list(text);
+  std::stringstream items(list);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (item == "cluster" || item == "persistent") {
+      a.cluster = true;
+    } else if (item == "grid") {
+      a.grid = true;
+    } else if (item == "loop") {
+      a.loop = true;
+    } else {
+      TORCH_CHECK(false, "LLTM_SEQ_PATH=", text,
+                  " is not a sequence path: use cluster, grid, loop, a comma-separated subset "
+                  "(e.g. grid,loop), or leave it unset");
+    }
+    ++named;
+  }
+  TORCH_CHECK(named > 0, "LLTM_SEQ_PATH=", text, " names no sequence path");
+  a.forced = (a.cluster + a.grid + a.loop) == 1;
+  return a;
+}
+
+// ------------------------------------------------------------------ split
+
+// The split with `group` CTAs per chunk and `rows` batch rows per chunk, or
+// nothing where one CTA's threads or shared memory cannot hold it.
+std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_t rows,
+                               size_t smem_limit) {
+  const int V = 16 / p.elem;  // elements per 16-byte chunk
+  const int64_t units = ceil_div(p.state, group);
+  Split s;
+  s.group = static_cast<int>(ceil_div(p.state, units));  // no idle CTA
+  s.units = static_cast<int>(units);
+  const int64_t k_chunks = ceil_div(p.state, V);
+  const int nb = rows >= 4 ? 4 : (rows >= 2 ? 2 : 1);
+  const int64_t padded = ceil_div(rows, nb) * nb;
+  const int64_t pairs = units * (padded / nb);
+  // One (unit, rows) pair per thread group: its state lives in registers.
+  if (pairs > kMaxThreads) return std::nullopt;
+  int ks = 32;
+  while (ks > 1 && (pairs * ks > kMaxThreads || ks > k_chunks)) ks /= 2;
+  // Rows a multiple of 8 chunks apart put the KS lanes of 8 / KS groups on
+  // one bank set: offset the stride by KS chunks (mod 8) instead.
+  int64_t row_chunks = k_chunks;
+  if (ks < 8) {
+    while (row_chunks % 8 != ks) ++row_chunks;
+  }
+  const int64_t row = row_chunks * V;
+  // Exchanged rows: h_t (one per batch row) forward, d_pre_t (three) backward;
+  // clusters keep both parities on chip, the grid path reloads one.
+  const int64_t exchanged = (p.backward ? 3 : 1) * padded * row * (path == SeqPath::kCluster ? 2 : 1);
+  const int64_t smem = (3 * units * row + exchanged) * p.elem;
+  if (smem > static_cast<int64_t>(smem_limit)) return std::nullopt;
+  s.rows = static_cast<int>(rows);
+  s.rows_padded = static_cast<int>(padded);
+  s.chunks = static_cast<int>(ceil_div(p.batch, rows));
+  s.per_thread = nb;
+  s.ks = ks;
+  s.threads = static_cast<int>(std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, ceil_div(pairs * ks, 32) * 32)));
+  s.row = static_cast<int>(row);
+  s.smem = static_cast<size_t>(smem);
+  return s;
+}
+
+// The candidate splits of `group` CTAs per chunk: from as many chunks as
+// the SMs suggest (or fewer rows per chunk, where those do not fit), to as
+// many rows per chunk as one wave needs (more rows need more shared memory),
+// each with its waves.
+std::vector<Split> splits(const Problem& p, SeqPath path, int group, const DeviceLimits& d,
+                          const ResidentChunks& resident, std::string& why) {
+  std::vector<Split> out;
+  int64_t rows = ceil_div(p.batch, std::max<int64_t>(1, d.sms / std::max(1, group)));
+  // Fewer rows per chunk (in more waves) where the guess does not fit.
+  while (rows > 1 && !split_for(p, path, group, rows, d.smem_per_block)) rows = ceil_div(rows, 2);
+  why = "W_h's slice and the exchanged rows do not fit in one CTA";
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    std::optional<Split> s = split_for(p, path, group, rows, d.smem_per_block);
+    if (!s) break;
+    const int fit = resident(path, *s);
+    if (fit <= 0) {
+      why = "the launch shape cannot be scheduled";
+      break;
+    }
+    s->per_wave = std::min(s->chunks, fit);
+    s->waves = static_cast<int>(ceil_div(s->chunks, fit));
+    out.push_back(*s);
+    // Fewer waves with more rows per chunk, if the runtime's answer for
+    // the launch shape (GPC sizes, shared memory) allows.
+    const int64_t wider = ceil_div(p.batch, fit);
+    if (s->waves == 1 || wider <= rows) break;
+    rows = wider;
+  }
+  return out;
+}
+
+// ------------------------------------------------------------- the model
+
+// Fitted constants (cycles unless said; see the file comment): a
+// least-squares fit of log time over 184 measured (size, dtype, direction,
+// path) points of the T = 100 grid on an H100 (docs/benchmarks.md).
+struct Model {
+  double cluster_fixed = 5300;         // cell math, the step's loads, stores and barrier
+  double cluster_per_cta = 27;         // each CTA a slice goes to (DSMEM stores)
+  double grid_fixed = 5400;            // the same with the arrival counter
+  double grid_l2_bytes_per_cycle = 13.4;  // exchanged rows reloaded from L2, per SM
+  double issue_factor = 2.27;          // issue and dependency stalls per instruction
+  double backward_factor = 1.16;       // backward's three passes over W_h^T and d_pre
+  double launch_us = 5;                // one persistent launch with its W_h load
+  double loop_pointwise_us = 4.9;      // a step's pointwise kernel and graph-node gaps
+  double loop_gemm_floor_us = 3.6;     // a small GEMM on the FMA units
+  double loop_gemm_floor_tc_us = 0.5;  // the same on tensor cores
+  double loop_gemm_efficiency = 0.57;  // of the FMA rate
+  double loop_gemm_efficiency_tc = 0.49;  // of the tensor-core rate
+  double loop_bytes_per_us = 0.93e6;   // the pointwise kernel's traffic
+  int loop_gemm_tile_rows = 64;        // GEMM tiles pad the batch to this many rows
+};
+
+const Model kModel;
+
+double persistent_step_cycles(const Problem& p, SeqPath path, const Split& s) {
+  const int V = 16 / p.elem;
+  const double iters = std::ceil(std::ceil(double(p.state) / V) / s.ks);
+  const int nb = s.per_thread;
+  const double convert = p.elem == 2 ? 1.0 : 0.0;  // half types widen every element
+  // Per thread: forward reads 3 W chunks + NB h chunks per k chunk and does 3 NB V FMAs;
+  // backward, per gate, 1 W chunk + NB d_pre chunks and NB V FMAs.
+  const double loads = p.backward ? 3.0 * iters * (1 + nb) : iters * (3 + nb);
+  const double fmas = 3.0 * iters * V * nb;
+  const double instr = loads * (1 + convert * V) + fmas * (p.is_double ? 2.0 : 1.0);
+  const double warps_per_scheduler = std::ceil(s.threads / 32.0 / 4.0);
+  const double issue = kModel.issue_factor * instr * warps_per_scheduler;
+  const double smem = s.threads * loads * 16.0 / 128.0;
+  const double reduce = std::log2(double(s.ks)) * (p.backward ? nb : 3 * nb) * 8.0;
+  double exchange;
+  if (path == SeqPath::kCluster) {
+    exchange = kModel.cluster_fixed + kModel.cluster_per_cta * s.group;
+  } else {
+    const double bytes = (p.backward ? 3.0 : 1.0) * s.rows_padded * s.row * p.elem;
+    exchange = kModel.grid_fixed + bytes / kModel.grid_l2_bytes_per_cycle;
+  }
+  return (std::max(issue, smem) + reduce + exchange) * (p.backward ? kModel.backward_factor : 1.0);
+}
+
+double loop_step_us(const Problem& p, const DeviceLimits& d) {
+  // FLOPs per cycle per SM: FMA units (fp32 128 lanes, fp64 half of that),
+  // or tensor cores (8x for TF32 / half types on sm_80+, a conservative mean).
+  double per_sm = p.is_double ? 128.0 : 256.0;
+  const double efficiency = p.tensor_cores ? kModel.loop_gemm_efficiency_tc : kModel.loop_gemm_efficiency;
+  if (p.tensor_cores) per_sm *= 8.0;
+  const double rate = per_sm * d.sms * d.clock_ghz * 1e3 * efficiency;  // FLOP / us
+  const double rows = std::max<double>(p.batch, kModel.loop_gemm_tile_rows);
+  const double flops = 2.0 * rows * 3 * p.state * p.state;
+  const double floor = p.tensor_cores ? kModel.loop_gemm_floor_tc_us : kModel.loop_gemm_floor_us;
+  const double gemm = std::max(floor, flops / rate);
+  const double bytes = double(p.batch) * p.state * p.elem * (p.backward ? 10 : 8);
+  const double pointwise = std::max(kModel.loop_pointwise_us, bytes / kModel.loop_bytes_per_us);
+  return gemm + pointwise;
+}
+
+void set_cost(const Problem& p, const DeviceLimits& d, Plan& plan) {
+  if (plan.path == SeqPath::kLoop) {
+    plan.cost_us = p.steps * loop_step_us(p, d);
+  } else {
+    const double step_us = persistent_step_cycles(p, plan.path, plan.split) / (d.clock_ghz * 1e3);
+    plan.cost_us = plan.split.waves * (kModel.launch_us + p.steps * step_us);
+  }
+}
+
+}  // namespace
+
+const char* path_name(SeqPath path) {
+  switch (path) {
+    case SeqPath::kCluster: return "cluster";
+    case SeqPath::kGrid: return "grid";
+    default: return "loop";
+  }
+}
+
+Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentChunks& resident) {
+  const Allowed allowed = read_environment();
+  Decision out;
+  // The cheapest split of `group` CTAs per chunk, or why there is none.
+  auto add_persistent = [&](SeqPath path, int group) {
+    Plan best;
+    best.path = path;
+    best.split.group = group;
+    for (const Split& s : splits(p, path, group, d, resident, best.why_not)) {
+      Plan plan;
+      plan.path = path;
+      plan.split = s;
+      set_cost(p, d, plan);
+      if (best.split.waves == 0 || plan.cost_us < best.cost_us) best = plan;
+    }
+    if (best.split.waves > 0) best.why_not.clear();
+    out.candidates.push_back(best);
+  };
+  if (allowed.cluster) {
+    if (!d.cluster_kernels) {
+      Plan plan;
+      plan.path = SeqPath::kCluster;
+      plan.why_not = "this device or build has no thread-block cluster kernels (compute capability 9.0+, built for it)";
+      out.candidates.push_back(plan);
+    } else if (allowed.cluster_size > 0) {
+      add_persistent(SeqPath::kCluster, static_cast<int>(std::min<int64_t>(allowed.cluster_size, p.state)));
+    } else {
+      for (int64_t c : {4, 8, 16}) {
+        if (c == 4 || c <= p.state) add_persistent(SeqPath::kCluster, static_cast<int>(std::min(c, p.state)));
+      }
+    }
+  }
+  if (allowed.grid) {
+    if (!d.grid_kernels) {
+      Plan plan;
+      plan.path = SeqPath::kGrid;
+      plan.why_not = "this device or build cannot run the cooperative grid kernels";
+      out.candidates.push_back(plan);
+    } else if (allowed.grid_group > 0) {
+      add_persistent(SeqPath::kGrid, static_cast<int>(std::min<int64_t>(allowed.grid_group, p.state)));
+    } else {
+      // Groups from 1 CTA to one CTA per 8 units (or per unit below S = 8).
+      for (int64_t g = 1; g <= std::max<int64_t>(1, p.state / 8) && g <= d.sms; g *= 2) {
+        add_persistent(SeqPath::kGrid, static_cast<int>(g));
+      }
+    }
+  }
+  if (allowed.loop) {
+    Plan plan;
+    plan.path = SeqPath::kLoop;
+    set_cost(p, d, plan);
+    out.candidates.push_back(plan);
+  }
+  const Plan* best = nullptr;
+  for (const Plan& c : out.candidates) {
+    if (c.why_not.empty() && (best == nullptr || c.cost_us < best->cost_us)) best = &c;
+  }
+  if (best == nullptr) {
+    std::string reasons;
+    for (const Plan& c : out.candidates) reasons += std::string(" ") + path_name(c.path) + ": " + c.why_not + ";";
+    TORCH_CHECK(false, "lltm::fused (CUDA): LLTM_SEQ_PATH=", std::getenv("LLTM_SEQ_PATH"),
+                " allows no time loop that can run here:", reasons);
+  }
+  out.chosen = *best;
+  return out;
+}
+
+std::string describe(const Problem& p, const Decision& decision) {
+  std::ostringstream os;
+  os << (p.backward ? "backward" : "forward") << " T=" << p.steps << " B=" << p.batch << " S=" << p.state
+     << " elem=" << p.elem << ": " << path_name(decision.chosen.path);
+  for (const Plan& c : decision.candidates) {
+    os << "\n  " << path_name(c.path);
+    if (c.path != SeqPath::kLoop) os << " group=" << c.split.group;
+    if (!c.why_not.empty()) {
+      os << " cannot run: " << c.why_not;
+      continue;
+    }
+    if (c.path != SeqPath::kLoop) {
+      const Split& s = c.split;
+      os << " units=" << s.units << " rows=" << s.rows << " chunks=" << s.chunks << " waves=" << s.waves
+         << " nb=" << s.per_thread
+         << " ks=" << s.ks << " threads=" << s.threads << " smem=" << s.smem;
+    }
+    os << " model_us=" << c.cost_us;
+  }
+  return os.str();
+}
+
+}  // namespace cuda_detail
+}  // namespace lltm

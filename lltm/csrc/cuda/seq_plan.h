@@ -1,0 +1,110 @@
+// The plan of a fused CUDA sequence op's time loop: which implementation runs
+// it, with which work split, chosen by a written cost model. Host code only:
+// the kernels (seq_persistent.cu, seq_forward.cu, seq_backward.cu) know
+// nothing of it, and it knows of the kernels only what the caller tells it
+// (which have a body for the device, how many CTAs of a launch shape fit).
+//
+//   cluster  a persistent kernel over thread-block clusters (sm_90+): a
+//            cluster of C CTAs owns a chunk of batch rows, each CTA a slice
+//            of the state units with its rows of W_h in shared memory for
+//            all T steps; h_t (backward: d_pre_t) goes to every CTA of the
+//            cluster through distributed shared memory, one cluster barrier
+//            per step.
+//   grid     the same split over the whole GPU without clusters (a
+//            cooperative launch, sm_80+): a group of U CTAs owns a chunk of
+//            batch rows; h_t goes through L2 (a global buffer), and the
+//            group meets at one arrival counter per step.
+//   loop     per step one cuBLAS GEMM and one pointwise kernel, replayed
+//            from a CUDA graph (seq_graph.h) where the same call repeats.
+//
+// A persistent launch is one wave: every CTA of it is resident for the whole
+// loop (the group barrier needs it). Where the batch needs more chunks than
+// one wave holds, chunks run in waves, one launch each after the other (the
+// model counts waves x T steps); where W_h does not fit in the shared memory
+// of one group, only the loop remains.
+//
+// LLTM_SEQ_PATH restricts the choice (tests, benchmarks, and the path a GPU
+// without clusters takes: "grid,loop"): a comma-separated subset of
+// cluster, grid, loop; a single name forces that path and is an error where
+// it cannot run. LLTM_SEQ_CLUSTER=N (1..16) fixes the cluster size and
+// LLTM_SEQ_GROUP=N the CTAs per grid group.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace lltm {
+namespace cuda_detail {
+
+enum class SeqPath { kCluster, kGrid, kLoop };
+
+const char* path_name(SeqPath path);
+
+// The work split of one persistent launch (same fields for both kernels and
+// both directions). Thread group q (`ks` lanes) of a CTA owns one unit and
+// `per_thread` batch rows for the whole loop and keeps their state in
+// registers; its lanes split the k range of the dot products.
+struct Split {
+  int group = 0;        // CTAs per batch chunk (cluster size or grid group)
+  int units = 0;        // J: state units per CTA (the last CTA may own fewer)
+  int rows = 0;         // batch rows per chunk (the last chunk may own fewer)
+  int rows_padded = 0;  // rows rounded up to a multiple of per_thread
+  int chunks = 0;       // batch chunks
+  int per_wave = 0;     // chunks per launch: a launch has group * per_wave CTAs,
+  int waves = 0;        //   all resident at once; waves launches run in turn
+  int per_thread = 0;   // NB: batch rows of one thread group (1, 2 or 4)
+  int ks = 0;           // lanes splitting one dot product (1..32)
+  int threads = 0;      // per CTA
+  int row = 0;          // padded length (elements) of a shared-memory row of S
+  size_t smem = 0;      // dynamic shared memory per CTA, bytes
+};
+
+struct Plan {
+  SeqPath path = SeqPath::kLoop;
+  Split split;          // persistent paths only
+  double cost_us = 0;   // the model's time for the whole time loop
+  std::string why_not;  // set on candidates that cannot run
+};
+
+// The problem: one direction of one layer.
+struct Problem {
+  bool backward = false;
+  int64_t steps = 0, batch = 0, state = 0;
+  int elem = 4;            // bytes per element of the tensor dtype
+  bool is_double = false;
+  bool tensor_cores = false;  // cuBLAS may use tensor cores (half types, or TF32 allowed)
+};
+
+// What the planner needs of the device and the build.
+struct DeviceLimits {
+  int sms = 0;
+  size_t smem_per_block = 0;  // opt-in maximum of dynamic shared memory
+  double clock_ghz = 1.5;
+  bool cluster_kernels = false;  // clusters exist and the cluster kernels have a body here
+  bool grid_kernels = false;     // cooperative launch works and the grid kernels have a body here
+};
+
+// How many batch chunks of `split` run at once on the device (the one
+// wave): co-resident clusters for the cluster path, co-resident CTAs / group
+// for the grid path; 0 when the launch shape cannot run. The caller asks the
+// CUDA runtime with the real kernel.
+using ResidentChunks = std::function<int(SeqPath, const Split&)>;
+
+struct Decision {
+  Plan chosen;
+  std::vector<Plan> candidates;  // every path weighed, in the order tried
+};
+
+// Chooses the path of one direction's time loop (the cheapest candidate the
+// environment allows), or raises where a forced path cannot run.
+Decision plan_time_loop(const Problem& problem, const DeviceLimits& device,
+                        const ResidentChunks& resident);
+
+// One line per candidate, with the model's numbers and the choice.
+std::string describe(const Problem& problem, const Decision& decision);
+
+}  // namespace cuda_detail
+}  // namespace lltm

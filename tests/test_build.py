@@ -1,0 +1,28 @@
+"""What an ahead-of-time build compiles for (setup.py with lltm/_sources.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from torch.utils import cpp_extension
+
+from lltm import _sources
+
+
+def test_default_cuda_arch_list_covers_every_supported_gpu(monkeypatch):
+    """Without TORCH_CUDA_ARCH_LIST the CUDA build has machine code for
+    sm_80, sm_86, sm_89 and sm_90 and compute_90 PTX for newer GPUs, as
+    torch's flag builder reads the list setup.py sets; a list the user sets
+    is kept."""
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    assert _sources.default_cuda_arch_list(os.environ) == "8.0;8.6;8.9;9.0+PTX"
+    try:
+        flags = cpp_extension._get_cuda_arch_flags()
+    except Exception as exc:  # noqa: BLE001 (a torch without the private helper)
+        pytest.skip(f"torch's arch flag builder is not available: {exc}")
+    for arch in ("80", "86", "89", "90"):
+        assert f"-gencode=arch=compute_{arch},code=sm_{arch}" in flags
+    assert "-gencode=arch=compute_90,code=compute_90" in flags
+    env = {"TORCH_CUDA_ARCH_LIST": "9.0"}
+    assert _sources.default_cuda_arch_list(env) == "9.0"

@@ -1,0 +1,284 @@
+"""The time loops of the fused CUDA sequence operators, each forced through
+LLTM_SEQ_PATH, against the float64 reference: the persistent kernel over
+thread-block clusters (sm_90), the persistent kernel over a cooperative grid
+(what GPUs without clusters run), and the per-step loop replayed from CUDA
+graphs; the planner that picks among them; and the arch gate that keeps a
+kernel without a body for the device from running."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lltm
+from lltm import functional
+from lltm.reference import lltm_reference
+
+from .test_seq import NAMES, _check, _outputs_and_grads, _rel_err, make_seq
+
+PATHS = ["cluster", "grid", "loop"]
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and lltm._backends.is_available("fused", "cuda", "seq")),
+    reason="needs the fused sequence operators on a CUDA device",
+)
+
+
+def _plan(backward=False, steps=4, batch=4, state=16, dtype=torch.float32):
+    return torch.ops.lltm._fused_cuda_seq_plan(backward, steps, batch, state, dtype, torch.cuda.current_device())
+
+
+def _cluster_kernels_here():
+    """Thread-block clusters on this device and cluster code in this build."""
+    return "no thread-block cluster kernels" not in _plan()
+
+
+def _use_path(monkeypatch, path):
+    """Forces the fused CUDA time loop `path` (skips "cluster" where there
+    are no cluster kernels: checked by test_cluster_kernels_present_or_refused)."""
+    if path == "cluster" and not _cluster_kernels_here():
+        pytest.skip("no thread-block cluster kernels on this device or build")
+    monkeypatch.setenv("LLTM_SEQ_PATH", path)
+
+
+# (T, B, I, S): units and batch rows that divide into no cluster, group or
+# thread split evenly, one unit, one batch row, one step, a float64 state
+# whose W_h needs 16-CTA clusters, and batches of 300 and 1024 rows.
+SHAPES = [
+    (7, 5, 3, 17),
+    (6, 33, 8, 70),
+    (3, 1, 4, 1),
+    (1, 3, 2, 5),
+    (4, 64, 16, 256),
+    (5, 9, 2, 130),
+    (2, 3, 5, 300),
+    (3, 300, 6, 45),
+    (2, 1024, 4, 33),
+]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("variant", ["bias", "nobias", "lengths"])
+def test_paths_match_reference(monkeypatch, path, shape, variant):
+    """Outputs and every gradient of each time loop against the float64
+    reference."""
+    _use_path(monkeypatch, path)
+    T, B = shape[:2]
+    args = make_seq(*shape, device="cuda", bias=variant != "nobias", seed=sum(shape))
+    lengths = None
+    if variant == "lengths":
+        gen = torch.Generator().manual_seed(B)
+        lengths = torch.randint(0, T + 1, (B,), generator=gen).cuda()
+    _check("fused", args, lengths=lengths)
+
+
+@pytest.mark.parametrize("cluster", ["1", "2", "3", "16"])
+def test_cluster_sizes(monkeypatch, cluster):
+    """Every cluster size gives the reference's results: the unit split and
+    the DSMEM exchange do not depend on it."""
+    _use_path(monkeypatch, "cluster")
+    monkeypatch.setenv("LLTM_SEQ_CLUSTER", cluster)
+    args = make_seq(6, 11, 5, 45, device="cuda", seed=int(cluster))
+    _check("fused", args, lengths=torch.tensor([6, 0, 3, 6, 1, 6, 5, 2, 6, 6, 4], device="cuda"))
+
+
+@pytest.mark.parametrize("group", ["1", "2", "3", "7", "45"])
+def test_grid_group_sizes(monkeypatch, group):
+    """Every grid group size (CTAs sharing one batch chunk through L2) gives
+    the reference's results; 45 CTAs own one unit each."""
+    _use_path(monkeypatch, "grid")
+    monkeypatch.setenv("LLTM_SEQ_GROUP", group)
+    args = make_seq(6, 11, 5, 45, device="cuda", seed=int(group))
+    _check("fused", args, lengths=torch.tensor([6, 0, 3, 6, 1, 6, 5, 2, 6, 6, 4], device="cuda"))
+
+
+@pytest.mark.parametrize("loss_on", ["output", "h_n", "c_n"])
+@pytest.mark.parametrize("path", PATHS)
+def test_paths_loss_on_one_output(monkeypatch, loss_on, path):
+    _use_path(monkeypatch, path)
+    _check("fused", make_seq(8, 6, 5, 40, device="cuda", seed=2), loss_on=(loss_on,))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_paths_long_float32(monkeypatch, path):
+    """T = 1000 in float32: the error against float64 is at most twice that
+    of the per-step PyTorch reference in float32 (the recurrence amplifies
+    round-off over 1000 steps, in any implementation)."""
+    _use_path(monkeypatch, path)
+    args = make_seq(1000, 16, 32, 128, device="cuda", dtype=torch.float32, seed=4)
+    got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args)
+    plain = _outputs_and_grads(lltm_reference, args)
+    ref = _outputs_and_grads(lltm_reference, [a.detach().double().requires_grad_() for a in args])
+    for name, g, p, r in zip(("output", "h_n", "c_n") + NAMES, got, plain, ref):
+        err, err_plain = _rel_err(g, r), _rel_err(p, r)
+        assert err <= 2 * err_plain + 1e-6, f"{name}: error {err:.2e} > 2 x plain PyTorch's {err_plain:.2e}"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("lengths", [None, [20, 3, 11, 0, 20, 7]], ids=["full", "lengths"])
+def test_paths_half_precision_within_twice_plain_pytorch(monkeypatch, path, dtype, lengths):
+    """The error against float64 is at most twice that of the per-step
+    PyTorch reference run in the same dtype; every output is written."""
+    _use_path(monkeypatch, path)
+    args = make_seq(20, 6, 24, 72, device="cuda", dtype=dtype, seed=5)
+    lens = None if lengths is None else torch.tensor(lengths, device="cuda")
+    got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args, lens)
+    plain = _outputs_and_grads(lltm_reference, args, lens)
+    ref = _outputs_and_grads(lltm_reference, [a.detach().double().requires_grad_() for a in args], lens)
+    for name, g, p, r in zip(("output", "h_n", "c_n") + NAMES, got, plain, ref):
+        assert g.dtype == dtype and torch.isfinite(g).all(), name
+        err, err_plain = _rel_err(g, r), _rel_err(p, r)
+        assert err <= 2 * err_plain + 1e-6, f"{name}: error {err:.2e} > 2 x plain PyTorch's {err_plain:.2e}"
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_paths_write_every_output(monkeypatch, path):
+    """Outputs come from the caching allocator poisoned with NaN first: every
+    element of every output and gradient must be written."""
+    _use_path(monkeypatch, path)
+    args = make_seq(9, 5, 7, 33, device="cuda", dtype=torch.float32, seed=7)
+    poison = torch.full((1 << 22,), float("nan"), device="cuda")
+    del poison  # the freed block is handed out again, NaN-filled
+    got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args)
+    ref = _outputs_and_grads(lltm_reference, [a.detach().double().cpu().requires_grad_() for a in args])
+    for name, g, r in zip(("output", "h_n", "c_n") + NAMES, got, ref):
+        assert torch.isfinite(g).all(), f"{name}: unwritten elements"
+        assert _rel_err(g, r) <= 1e-5, name
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_paths_in_a_users_cuda_graph(monkeypatch, path):
+    """Forward and backward of a whole layer captured in the user's CUDA
+    graph (no host synchronisation inside), replayed on new inputs."""
+    _use_path(monkeypatch, path)
+    T, B, I, S = 12, 8, 16, 32
+    static = [a.detach().requires_grad_() for a in make_seq(T, B, I, S, device="cuda", dtype=torch.float32)]
+    static_g = [torch.randn(T, B, S, device="cuda"), torch.randn(B, S, device="cuda")]
+
+    def step():
+        out, (h_n, c_n) = functional.lltm(*static, backend="fused")
+        grads = torch.autograd.grad((out, c_n), static, static_g)
+        return (out, h_n, c_n) + grads
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    for seed in (11, 12):
+        fresh = make_seq(T, B, I, S, device="cuda", dtype=torch.float32, seed=seed, requires_grad=False)
+        fresh_g = [torch.randn_like(g) for g in static_g]
+        with torch.no_grad():
+            for dst, src in zip(static + static_g, list(fresh) + fresh_g):
+                dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        up = [a.double().cpu().requires_grad_() for a in fresh]
+        r_out, (r_h, r_c) = lltm_reference(*up)
+        r_grads = torch.autograd.grad((r_out, r_c), up, [g.double().cpu() for g in fresh_g])
+        for o, r in zip(outs, (r_out, r_h, r_c) + r_grads):
+            assert _rel_err(o, r) <= 1e-5
+
+
+@pytest.mark.parametrize("graphs", ["1", "0"], ids=["replay", "no-replay"])
+@pytest.mark.parametrize("lengths", [None, [5, 2, 0, 5]], ids=["full", "lengths"])
+def test_loop_replays_its_graph(monkeypatch, graphs, lengths):
+    """The step loop runs the same call eagerly, then captures it, then
+    replays the graph: every call gives the reference's results, new
+    inputs in the same buffers included, and a call with other buffers or
+    sizes is not served a graph of another key."""
+    monkeypatch.setenv("LLTM_SEQ_PATH", "loop")
+    monkeypatch.setenv("LLTM_SEQ_GRAPHS", graphs)
+    lens = None if lengths is None else torch.tensor(lengths, device="cuda")
+    static = [a.detach() for a in make_seq(5, 4, 6, 24, device="cuda", dtype=torch.float32, seed=1)]
+    before = torch.ops.lltm._fused_cuda_seq_graph_stats()
+    for call in range(5):
+        fresh = make_seq(5, 4, 6, 24, device="cuda", dtype=torch.float32, seed=20 + call, requires_grad=False)
+        with torch.no_grad():
+            for dst, src in zip(static, fresh):
+                dst.copy_(src)
+        args = [a.requires_grad_() for a in static]
+        got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args, lens)
+        ref = _outputs_and_grads(lltm_reference, [a.detach().double().cpu().requires_grad_() for a in args],
+                                 None if lens is None else lens.cpu())
+        for name, g, r in zip(("output", "h_n", "c_n") + NAMES, got, ref):
+            assert _rel_err(g, r) <= 1e-5, f"call {call}, {name}"
+        del got  # every call then gets the same blocks from the caching allocator: one key per direction
+        for a in static:
+            a.requires_grad_(False)
+    eager, captures, replays = (b - a for a, b in zip(before, torch.ops.lltm._fused_cuda_seq_graph_stats()))
+    if graphs == "1":  # forward and backward keys: run eagerly, captured, then replayed
+        assert replays >= 2, (eager, captures, replays)
+    else:
+        assert eager == captures == replays == 0, (eager, captures, replays)
+    other = make_seq(5, 3, 6, 24, device="cuda", dtype=torch.float32, seed=99)
+    _check("fused", other, tol=2e-5)
+
+
+def test_bad_settings_are_clear_errors(monkeypatch):
+    """A wrong LLTM_SEQ_PATH / LLTM_SEQ_CLUSTER / LLTM_SEQ_GROUP names the
+    setting and its values."""
+    args = make_seq(2, 2, 3, 4, device="cuda", dtype=torch.float32, requires_grad=False)
+    for value in ("fast", "grid,fast", ","):
+        monkeypatch.setenv("LLTM_SEQ_PATH", value)
+        with pytest.raises(RuntimeError, match=f"LLTM_SEQ_PATH={value} (is not a sequence path|names no)"):
+            functional.lltm(*args, backend="fused")
+    monkeypatch.delenv("LLTM_SEQ_PATH")
+    for name, value in (("LLTM_SEQ_CLUSTER", "40"), ("LLTM_SEQ_CLUSTER", "two"), ("LLTM_SEQ_GROUP", "0")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(RuntimeError, match=f"{name}={value} must be a whole number"):
+            functional.lltm(*args, backend="fused")
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize("path", ["cluster", "grid"])
+def test_forced_path_that_cannot_run_is_a_clear_error(monkeypatch, path):
+    """W_h of S = 2500 in float64 (150 MB) fits in no cluster and no grid:
+    forcing either names the path and why; unforced, the loop runs."""
+    _use_path(monkeypatch, path)
+    args = make_seq(1, 1, 1, 2500, device="cuda", requires_grad=False)
+    with pytest.raises(RuntimeError, match=f"allows no time loop that can run here: {path}: "):
+        functional.lltm(*args, backend="fused")
+    monkeypatch.delenv("LLTM_SEQ_PATH")
+    out, _ = functional.lltm(*args, backend="fused")
+    assert torch.isfinite(out).all()
+
+
+def test_plan_report_names_the_choice(monkeypatch):
+    """lltm::_fused_cuda_seq_plan lists every candidate with the model's
+    time and the choice; "grid,loop" (what GPUs without clusters get)
+    never picks the cluster kernel."""
+    for backward in (False, True):
+        report = _plan(backward, 100, 64, 256)
+        first = report.splitlines()[0]
+        assert first.startswith("backward" if backward else "forward")
+        chosen = first.rsplit(": ", 1)[1]
+        assert chosen in PATHS
+        assert any(line.strip().startswith(chosen) and "model_us=" in line for line in report.splitlines()[1:])
+    monkeypatch.setenv("LLTM_SEQ_PATH", "grid,loop")
+    for batch, state in ((16, 128), (512, 1024), (64, 256)):
+        chosen = _plan(False, 100, batch, state).splitlines()[0].rsplit(": ", 1)[1]
+        assert chosen in ("grid", "loop")
+
+
+def test_cluster_kernels_present_or_refused(monkeypatch):
+    """The cluster kernels run only where the device has clusters and the
+    build has their code for it (a build for "8.0+PTX" JIT-compiles sm_80
+    code, without clusters, on a Hopper GPU): otherwise forcing them is a
+    clear error and the default path still gives the reference's results."""
+    archs = [int(a) for a in torch.ops.lltm._build_info().split("arch=")[1].split(",")]
+    expected = torch.cuda.get_device_capability()[0] >= 9 and max(archs) >= 900
+    assert _cluster_kernels_here() == expected
+    args = make_seq(5, 3, 4, 16, device="cuda", seed=3)
+    if not expected:
+        monkeypatch.setenv("LLTM_SEQ_PATH", "cluster")
+        with pytest.raises(RuntimeError, match="no thread-block cluster kernels"):
+            functional.lltm(*args, backend="fused")
+        monkeypatch.delenv("LLTM_SEQ_PATH")
+    _check("fused", args)
