@@ -1,7 +1,10 @@
 // "fused" backend on the CPU, cell operators: one step of the sequence
 // operators' kernels (seq_cpu.cpp, kernels.h). Forward is the fused GEMM +
-// cell kernel on [old_h | input] and W packed for it (kept between calls
-// while W is unchanged: packed_weights.h); backward is the cell's backward
+// cell kernel on [old_h | input] and W packed for it, each thread packing
+// its own unit blocks (5 us at 16 x 32 x 128 on the AMD EPYC of
+// docs/benchmarks.md). The packed W is not kept between calls: a cache
+// keyed on W's version counter misses changes made through `.data`, which
+// torch.autograd.gradcheck itself makes. Backward is the cell's backward
 // math (with the bias gradient summed on the way), then the GEMMs of the
 // gradients asked for.
 //
@@ -16,7 +19,6 @@
 #include "../lltm.h"
 #include "common.h"
 #include "kernels.h"
-#include "packed_weights.h"
 
 namespace lltm {
 namespace {
@@ -36,9 +38,9 @@ CellForwardResult fused_cell_forward_cpu(const at::Tensor& input,      // (B, I)
   if (batch == 0) return {new_h, new_cell, gates};
   const at::Tensor x = cpu::rows_contiguous(input), h = cpu::rows_contiguous(old_h), c = old_cell.contiguous(),
                    b = cpu::contiguous_or_undefined(bias);
+  const at::Tensor w = cpu::rows_contiguous(weights);
   const int64_t blocks = kernels.gate_blocks(state);
-  const int64_t workers = cpu::team_size(batch * 3 * state * (state + features), blocks);
-  const at::Tensor packed = cpu::packed_gates(kernels, weights, state, features, workers);
+  at::Tensor packed = at::empty({kernels.gates_packed_size(state, state + features)}, options.dtype(cpu::opmath(input)));
   cpu::ForwardStep step{};
   step.h_prev = h.const_data_ptr();
   step.ld_h = h.stride(0);
@@ -53,7 +55,11 @@ CellForwardResult fused_cell_forward_cpu(const at::Tensor& input,      // (B, I)
   step.batch = batch;
   step.state = state;
   step.features = features;
-  cpu::run_team(blocks, workers, [&](int64_t j0, int64_t j1, cpu::TeamSync&) { kernels.forward(step, j0, j1); });
+  const int64_t workers = cpu::team_size(batch * 3 * state * (state + features), blocks);
+  cpu::run_team(blocks, workers, [&](int64_t j0, int64_t j1, cpu::TeamSync&) {
+    kernels.pack_gates(w.const_data_ptr(), w.stride(0), state, state + features, packed.data_ptr(), j0, j1);
+    kernels.forward(step, j0, j1);
+  });
   return {new_h, new_cell, gates};
 }
 
