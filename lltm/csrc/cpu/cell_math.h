@@ -175,6 +175,16 @@ template <typename T, typename = std::enable_if_t<at::is_reduced_floating_point_
 inline void store(T* p, const Vec<float>& v) {
   at::vec::convert_from_float<T>(v, v).store(p, Vec<float>::size());
 }
+#if defined(CPU_CAPABILITY_AVX512)
+// one float vector narrowed, not two (convert_from_float takes a pair and
+// rounds both: here the same vector twice, twice the work per store)
+inline void store(c10::BFloat16* p, const Vec<float>& v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), at::vec::cvtfp32_bf16(__m512(v)));
+}
+inline void store(c10::Half* p, const Vec<float>& v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), at::vec::cvtfp32_fp16(__m512(v)));
+}
+#endif
 
 // The first n (<= one vector) elements at p, in opmath; 0 in the other lanes.
 template <typename T>
