@@ -78,10 +78,12 @@ inline at::ScalarType opmath(const at::Tensor& t) { return at::toOpMathType(t.sc
 
 // ---- threads -------------------------------------------------------------------
 
-// Fused multiply-adds below which a share of work does not pay for waking a
-// thread (and, in a time loop, for one barrier per step): ~1-2 us of work
-// on one core. Measured on the 2-core AMD EPYC of docs/benchmarks.md.
-inline constexpr int64_t kMinFmaPerThread = 1 << 17;
+// Fused multiply-adds below which a share of work does not pay for a second
+// thread and, in a time loop, one barrier per step (~0.3 us of work). On the
+// 2-core AMD EPYC of docs/benchmarks.md, layer forward T=50, 1 -> 2 threads:
+// 74k multiply-adds a step (B=16, I=16, S=32) 74 -> 54 us, 147k 106 -> 66
+// us, 983k 559 -> 300 us; at 16k-37k a step two threads gained nothing.
+inline constexpr int64_t kMinFmaPerThread = 1 << 15;
 
 // How many workers (at most torch's thread count, at most `parts`) to give
 // `fma` multiply-adds of work that splits into `parts` independent parts.
@@ -106,10 +108,10 @@ class TeamSync {
     ++phase_;
     const int64_t target = phase_ * workers_;
     if (arrived_->fetch_add(weight_, std::memory_order_acq_rel) + weight_ >= target) return;
-    // Spin a few microseconds (the other thread is normally a step's share
-    // of work away), then yield the core to whoever needs it.
+    // Spin (the other thread is normally a step's share of work away, a few
+    // microseconds at most), then yield the core to whoever needs it.
     for (int spins = 0; arrived_->load(std::memory_order_acquire) < target; ++spins) {
-      if (spins < 4096) {
+      if (spins < 1024) {
 #if defined(__x86_64__) || defined(_M_X64)
         _mm_pause();
 #endif
