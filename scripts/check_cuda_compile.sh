@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile-only check of every CUDA source (lltm/csrc/cuda/*.cu) with nvcc
+# Compile-only check of every CUDA source of the build (lltm/_sources.py) with nvcc
 # against the installed torch's headers, for sm_90, with the flags
 # torch.utils.cpp_extension uses. Needs no GPU and no CUDA build of torch, so
 # CI catches a kernel that does not compile.
@@ -28,9 +28,24 @@ for arg in "$@"; do
     *) files+=("$arg") ;;
   esac
 done
+# The build's own view: its CUDA sources and the list of compiled backends
+# (lltm/_registry.py), read the way setup.py reads them.
+read_sources() {
+  "$PYTHON" - "$1" <<'EOF'
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("lltm_sources", "lltm/_sources.py")
+src = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(src)
+if sys.argv[1] == "files":
+    print("\n".join(os.path.relpath(p) for p in src.sources(True) if p.endswith(".cu")))
+else:
+    print(src._registry.compiled_define())
+EOF
+}
 if [ ${#files[@]} -eq 0 ]; then
-  files=(lltm/csrc/cuda/*.cu)
+  mapfile -t files < <(read_sources files)
 fi
+BACKENDS_DEFINE=$(read_sources define)
 
 NVCC=${NVCC:-}
 if [ -z "$NVCC" ]; then
@@ -115,7 +130,7 @@ flags=(
   --expt-relaxed-constexpr
   -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__
   -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__
-  -DLLTM_WITH_CUDA -DTORCH_EXTENSION_NAME=_C -DTORCH_API_INCLUDE_EXTENSION_H
+  -DLLTM_WITH_CUDA "$BACKENDS_DEFINE" -DTORCH_EXTENSION_NAME=_C -DTORCH_API_INCLUDE_EXTENSION_H
   "-D_GLIBCXX_USE_CXX11_ABI=$ABI"
   -Xcompiler -fPIC -diag-suppress 3306
   $TORCH_INCLUDES "${extra_includes[@]}"

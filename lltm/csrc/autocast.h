@@ -19,7 +19,7 @@
 
 #include <string>
 
-#include "autograd_common.h"
+#include "backends.h"
 #include "lltm.h"
 
 namespace lltm {
@@ -80,7 +80,7 @@ template <c10::DeviceType kDevice>
 void register_autocast(torch::Library& m) {
   for_each_backend([&](auto backend) {
     constexpr std::size_t b = decltype(backend)::value;
-    const std::string name = kCompiledBackends[b];
+    const std::string name = backend_name(b);
     m.impl((name + "_cell_forward").c_str(), &cell_autocast<kDevice, b>);
     m.impl((name + "_seq_forward").c_str(), &seq_autocast<kDevice, b>);
   });

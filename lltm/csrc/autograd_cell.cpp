@@ -95,7 +95,7 @@ CellForwardResult cell_forward_autograd(const at::Tensor& input,
 TORCH_LIBRARY_IMPL(lltm, Autograd, m) {
   lltm::for_each_backend([&](auto backend) {
     constexpr std::size_t b = decltype(backend)::value;
-    m.impl((std::string(lltm::kCompiledBackends[b]) + "_cell_forward").c_str(),
+    m.impl((lltm::backend_name(b) + "_cell_forward").c_str(),
            &lltm::cell_forward_autograd<b>);
   });
 }

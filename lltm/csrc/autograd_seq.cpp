@@ -98,7 +98,7 @@ SeqForwardResult seq_forward_autograd(const at::Tensor& input,
 TORCH_LIBRARY_IMPL(lltm, Autograd, m) {
   lltm::for_each_backend([&](auto backend) {
     constexpr std::size_t b = decltype(backend)::value;
-    m.impl((std::string(lltm::kCompiledBackends[b]) + "_seq_forward").c_str(),
+    m.impl((lltm::backend_name(b) + "_seq_forward").c_str(),
            &lltm::seq_forward_autograd<b>);
   });
 }
