@@ -14,6 +14,7 @@
 
 #include "../lltm.h"
 #include "pointwise.h"
+#include "register.h"
 #include "rows.h"
 
 namespace lltm {
@@ -52,10 +53,9 @@ CellBackwardResult fused_cell_backward_cpu(const at::Tensor& grad_h,     // (B, 
                                            OutputMask output_mask) {
   check_cell_backward_args("lltm::fused_cell_backward", grad_h, grad_cell, new_cell, gates, input,
                            weights, old_h);
-  const auto not_asked = [&] { return at::empty({0}, input.options()); };
-  if (!(output_mask[0] || output_mask[1] || output_mask[2] || output_mask[3] || output_mask[4])) {
-    return {not_asked(), not_asked(), not_asked(), not_asked(), not_asked()};
-  }
+  const AskedGradients asked(output_mask, input.options());
+  if (!asked.any()) return asked.placeholders();
+  const auto not_asked = [&] { return asked.placeholder(); };
   const cpu::PointwiseKernels kernels = cpu::kernels_for(input);
   const int64_t batch = input.size(0), features = input.size(1), state = weights.size(0) / 3;
   const at::Tensor gh = grad_h.contiguous(), gc = grad_cell.contiguous(),
@@ -80,21 +80,12 @@ CellBackwardResult fused_cell_backward_cpu(const at::Tensor& grad_h,     // (B, 
   return {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};
 }
 
+void register_cell(torch::Library& m) {
+  m.impl("fused_cell_forward", &fused_cell_forward_cpu);
+  m.impl("fused_cell_backward", &fused_cell_backward_cpu);
+}
+
 }  // namespace
 }  // namespace lltm
 
-TORCH_LIBRARY_IMPL(lltm, CPU, m) {
-  m.impl("fused_cell_forward", &lltm::fused_cell_forward_cpu);
-  m.impl("fused_cell_backward", &lltm::fused_cell_backward_cpu);
-}
-
-// A sparse argument sends the call to a sparse dispatch key: the same kernels
-// then reject it in their argument checks, with a message that names it.
-TORCH_LIBRARY_IMPL(lltm, SparseCPU, m) {
-  m.impl("fused_cell_forward", &lltm::fused_cell_forward_cpu);
-  m.impl("fused_cell_backward", &lltm::fused_cell_backward_cpu);
-}
-TORCH_LIBRARY_IMPL(lltm, SparseCsrCPU, m) {
-  m.impl("fused_cell_forward", &lltm::fused_cell_forward_cpu);
-  m.impl("fused_cell_backward", &lltm::fused_cell_backward_cpu);
-}
+LLTM_REGISTER_CPU_KERNELS(lltm::register_cell)
