@@ -78,7 +78,8 @@ def unknown_backend(backend: str, device_type: Optional[str] = None) -> str:
     names are answered with the lltm backend they correspond to."""
     available = ""
     if device_type is not None:
-        available = f" (available on {device_type}: {', '.join(repr(n) for n in NAMES if is_available(n, device_type))})"
+        have = ", ".join(repr(n) for n in NAMES if is_available(n, device_type))
+        available = f" (available on {device_type}: {have})"
     return f"lltm: unknown backend {backend!r}; {_registry.choose_hint(backend, available)}"
 
 

@@ -126,13 +126,13 @@ def test_bench_sequence_compile_row(capsys):
     ids=["rows", "runs", "rounds", "seq", "state", "min-run-time", "device", "plot", "json"],
 )
 def test_bench_bad_arguments_are_usage_errors(argv, message, capsys, monkeypatch):
-    """argparse rejects them (usage + message, exit 2) before any work."""
+    """argparse rejects them (one line, exit 2) before any work."""
     monkeypatch.setattr(bench.cli.timing, "measure", lambda *a, **k: pytest.fail("measured despite a bad argument"))
     with pytest.raises(SystemExit) as exc:
         cli.main(["bench", *argv])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("usage: lltm bench") and message in err
+    assert err.startswith(f"lltm bench: error: {message}") and err.count("\n") == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the rows are available on a CUDA machine")
@@ -166,10 +166,45 @@ def test_bench_help_lists_every_row(capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message when there is no CUDA device")
-def test_check_without_cuda_errs_on_stderr(capsys):
-    assert cli.main(["check", "--device", "cuda"]) == 2
+@pytest.mark.parametrize("command", ["check", "bench", "train"])
+def test_cuda_without_cuda_is_one_line(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main([command, "--device", "cuda"])
+    assert exc.value.code == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and "torch sees no CUDA device" in captured.err
+    assert captured.out == ""
+    assert captured.err == (
+        f"lltm {command}: error: argument --device: 'cuda' asked for, but torch sees no CUDA device (use cpu) "
+        f"(see lltm {command} --help)\n"
+    )
+
+
+CLI_MODULES = ["lltm.cli", "lltm.bench.cli", "lltm.check", "lltm.train.cli"]
+
+
+def _imported_modules(module: str) -> set[str]:
+    """Every module `module`'s source imports ("from lltm import cli" counts as lltm.cli)."""
+    import ast
+    import importlib
+
+    tree = ast.parse(open(importlib.import_module(module).__file__).read())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+@pytest.mark.parametrize("module", CLI_MODULES)
+def test_each_command_module_imports_alone(module):
+    """No import circle: each command module imports in a fresh interpreter,
+    and none imports the top-level command (they share lltm._argtypes)."""
+    subprocess.run([sys.executable, "-c", f"import {module}"], check=True, capture_output=True)
+    if module != "lltm.cli":
+        assert "lltm.cli" not in _imported_modules(module)
+        assert "lltm._argtypes" in _imported_modules(module)
 
 
 def test_readme_matches_help():

@@ -13,6 +13,7 @@ import textwrap
 import pytest
 import torch
 
+from lltm import _backends as lltm_backends
 from lltm import cli
 from lltm.train import checkpoint
 from lltm.train.model import ModelConfig, count_parameters, matched_hidden
@@ -273,7 +274,53 @@ def test_damaged_newest_checkpoint_falls_back(tmp_path):
 
 def test_resume_needs_a_checkpoint_directory(tmp_path, capsys):
     assert _train(tmp_path, "--task", "copy", "--steps", "2", "--resume") == 2
-    assert "--resume needs --ckpt DIR" in capsys.readouterr().err
+    assert capsys.readouterr().err == "lltm train: error: --resume needs --ckpt DIR (the directory to resume from)\n"
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--backend", "cpp"], "argument --backend: unknown backend 'cpp'; choose 'auto' or one of 'python', 'aten', "
+                               "'fused'. The tutorial's 'cpp' backend is lltm's 'aten'"),
+        (["--device", "tpu"], "argument --device: not a device: 'tpu' (cpu, cuda or cuda:N)"),
+        (["--out", "{file}/sub"], "argument --out: {file} is not a folder, so {file}/sub cannot be created in it"),
+        (["--ckpt", "{file}/ck"], "argument --ckpt: {file} is not a folder, so {file}/ck cannot be created in it"),
+        (["--steps", "0"], "argument --steps: must be at least 1, got 0"),
+        (["--dropout", "2"], "argument --dropout: must be in [0, 1], got 2"),
+        (["--lr", "x"], "argument --lr: expected a number, got 'x'"),
+    ],
+    ids=["backend", "device", "out", "ckpt", "steps", "dropout", "lr"],
+)
+def test_bad_arguments_are_one_line(tmp_path, argv, message, capsys, monkeypatch):
+    """Rejected before any work: one line on stderr, exit 2, no traceback."""
+    monkeypatch.setattr("lltm.train.cli.train_model", lambda *a, **k: pytest.fail("trained despite a bad argument"))
+    file = tmp_path / "a-file"
+    file.write_text("")
+    argv = [a.format(file=file) for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        _train(tmp_path, "--task", "copy", "--steps", "2", *argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err == f"lltm train: error: {message.format(file=file)} (see lltm train --help)\n"
+
+
+def test_unavailable_backend_is_one_line(tmp_path, capsys, monkeypatch):
+    """A backend that exists but not on this device: known once the device is, still before any work."""
+    monkeypatch.setattr("lltm.train.cli.train_model", lambda *a, **k: pytest.fail("trained despite a bad argument"))
+    monkeypatch.setattr(lltm_backends, "_cache", {("fused", "cpu", "seq"): False})
+    assert _train(tmp_path, "--task", "copy", "--steps", "2", "--backend", "fused") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lltm train: error: backend 'fused' is not available on cpu; available: python, aten")
+    assert err.count("\n") == 1
+
+
+def test_runs_to_the_end_without_matplotlib(tmp_path, capsys, monkeypatch):
+    """The curves are skipped with one line saying how to get them; metrics and summary are written; exit 0."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert _train(tmp_path, "--task", "copy", "--steps", "2") == 0
+    out = capsys.readouterr().out
+    assert 'no loss curves: they need matplotlib (pip install "lltm[plot]"; --no-plot: do not ask)' in out
+    assert (tmp_path / "out" / "summary.json").exists() and not (tmp_path / "out" / "loss.png").exists()
 
 
 # --- DDP ------------------------------------------------------------------------------------

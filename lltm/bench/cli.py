@@ -9,9 +9,9 @@ import sys
 
 import torch
 
+from lltm._argtypes import device_arg, int_at_least, output_file, positive_float
 from lltm.bench import cases as rows_mod
 from lltm.bench import report, timing
-from lltm.cli import device_arg, int_at_least, output_file, positive_float
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -88,11 +88,8 @@ def _device_name(device: torch.device) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    device: torch.device = args.device
+    device: torch.device = args.device  # a device torch can use (device_arg)
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            print("lltm bench: --device cuda asked for, but torch sees no CUDA device", file=sys.stderr)
-            return 2
         if device.index is None:  # "cuda" means the current device
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
@@ -100,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            print("lltm bench: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
+            print('lltm bench: --plot needs matplotlib (pip install matplotlib)', file=sys.stderr)
             return 2
     dtype = torch.float64 if args.double else DTYPES[args.dtype]
     names = args.rows or list(rows_mod.SEQ_DEFAULT if args.seq else rows_mod.CELL_DEFAULT)
