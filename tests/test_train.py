@@ -186,6 +186,25 @@ def test_compile_smoke(tmp_path):
     assert math.isfinite(_rows(tmp_path / "out" / "lltm.jsonl")[-1]["loss"])
 
 
+@pytest.mark.parametrize("compile", [[], ["--compile"]], ids=["eager", "compile"])
+def test_warmup_is_timed_apart(tmp_path, compile, capsys):
+    """The first --warmup-steps steps (compilation included) are timed apart from the steady state: the
+    summary, its JSON and the metrics say both; a run that ends within its warm-up has no steady speed."""
+    args = ["--task", "copy", "--seq-len", "5", "--copy-len", "2", "--no-plot", "--warmup-steps", "3", *compile]
+    assert _train(tmp_path, *args, "--steps", "8") == 0
+    table = capsys.readouterr().out
+    assert "| warm-up |" in table and "| 3 steps, " in table and "steady state, after the warm-up steps" in table
+    (r,) = json.loads((tmp_path / "out" / "summary.json").read_text())["results"]
+    assert r["warmup_steps"] == 3 and r["warmup_s"] > 0 and r["steps_per_s"] > 0
+    assert r["tokens_per_s"] == pytest.approx(r["steps_per_s"] * 8 * 5)  # batch 8, sequences of 5
+    warm = [row for row in _rows(tmp_path / "out" / "lltm.jsonl") if row["kind"] == "warmup"]
+    assert warm == [{"kind": "warmup", "step": 3, "steps": 3, "seconds": round(r["warmup_s"], 4)}]
+    assert _train(tmp_path, *args, "--steps", "2", out="short") == 0
+    (r,) = json.loads((tmp_path / "short" / "summary.json").read_text())["results"]
+    assert r["warmup_steps"] == 2 and r["steps_per_s"] is None and r["tokens_per_s"] is None
+    assert "| - | - | 2 steps, " in capsys.readouterr().out
+
+
 # --- checkpoints and resume -----------------------------------------------------------------
 
 RESUME = ["--task", "copy", "--layers", "2", "--dropout", "0.3", "--ckpt-every", "3", "--no-plot"]

@@ -30,6 +30,8 @@ from lltm.train.tasks import TASKS, make_task
 
 __all__ = ["add_arguments", "run"]
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
@@ -66,7 +68,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cpu, cuda, cuda:N or auto (torchrun: cuda:LOCAL_RANK)")
     g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="bfloat16: torch.autocast on the device (weights stay float32)")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES, metavar="MODE",
+                   help="torch.compile the model (MODE: default, reduce-overhead, max-autotune-no-cudagraphs). Its "
+                        "compilation falls in the warm-up steps, timed apart from the steady-state steps/s. The "
+                        "LLTM layer is one custom operator with or without it, so compiling can only change the "
+                        "small layers around it (embedding, head) and adds a fixed cost per step (guards, "
+                        "autograd wrappers): expect eager's speed or a little less (on 2 CPU cores, charlm "
+                        "hidden 256, batch 64, seq 128: 1.02-1.05x eager's step time; docs/training.md)")
+    g.add_argument("--warmup-steps", type=int_at_least(0), default=5,
+                   help="this process's first steps, timed apart from the steady state (compilation, first-call "
+                        "allocations and kernel choices)")
     g.add_argument("--threads", type=int_at_least(1), help="torch.set_num_threads on each rank")
     g = p.add_argument_group("output")
     g.add_argument("--out", type=output_dir, default="runs/train",
@@ -100,12 +111,16 @@ def _check(args: argparse.Namespace, device: torch.device) -> None:
 
 
 def _table(results: list[Result], task_name: str) -> str:
-    head = "| model | hidden | params | steps | train loss | held-out loss | held-out acc | steps/s | tokens/s |"
-    rows = [head, "|" + "---|" * 9]
+    """steps/s and tokens/s are those of the steady state, after the warm-up steps (timed apart)."""
+    head = ("| model | hidden | params | steps | train loss | held-out loss | held-out acc | steps/s | tokens/s "
+            "| warm-up |")
+    rows = [head, "|" + "---|" * 10]
     for r in results:
+        speed = "- | -" if r.steps_per_s is None else f"{r.steps_per_s:.2f} | {r.tokens_per_s:,.0f}"
         rows.append(f"| {r.kind} | {r.hidden} | {r.params:,} | {r.steps} | {r.train_loss:.4f} | {r.eval_loss:.4f} | "
-                    f"{r.eval_acc:.4f} | {r.steps_per_s:.2f} | {r.tokens_per_s:,.0f} |")
-    return f"task {task_name}\n" + "\n".join(rows)
+                    f"{r.eval_acc:.4f} | {speed} | {r.warmup_steps} steps, {r.warmup_s:.2f} s |")
+    return (f"task {task_name}\n" + "\n".join(rows)
+            + "\n(steps/s, tokens/s: steady state, after the warm-up steps, which are timed apart)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,9 +145,9 @@ def _run(args: argparse.Namespace) -> int:
         lstm_hidden = matched_hidden(base, "lstm") if args.match_params else args.hidden
         kinds = list(KINDS) if args.compare else [args.model]
         opts = Options(steps=args.steps, lr=args.lr, clip=args.clip, dropout=args.dropout, seed=args.seed,
-                       backend=args.backend, bf16=args.dtype == "bfloat16", compile=args.compile,
+                       backend=args.backend, bf16=args.dtype == "bfloat16", compile=args.compile or "",
                        log_every=args.log_every, eval_every=args.eval_every, ckpt_every=args.ckpt_every,
-                       keep=args.keep, resume=args.resume, progress=not args.quiet)
+                       keep=args.keep, resume=args.resume, progress=not args.quiet, warmup_steps=args.warmup_steps)
         results: list[Result] = []
         for kind in kinds:
             hidden = lstm_hidden if kind == "lstm" else args.hidden
@@ -148,6 +163,7 @@ def _run(args: argparse.Namespace) -> int:
             with open(os.path.join(args.out, "summary.json"), "w") as f:
                 json.dump({"task": args.task, "world": ctx.world, "device": str(ctx.device), "dtype": args.dtype,
                            "batch": task.batch, "seq_len": task.seq_len, "torch": torch.__version__,
+                           "compile": args.compile, "speeds": "steady state, after the warm-up steps",
                            "results": [r.__dict__ for r in results]}, f, indent=1)
             metrics = f"metrics: {', '.join(r.metrics for r in results)}"
             if args.no_plot:
