@@ -19,6 +19,7 @@ import time
 import torch
 
 from lltm._argtypes import Parser, backend_arg, device_arg, int_at_least
+from lltm.bench.cli import device_name
 from lltm.train.loop import Options, build, train_step
 from lltm.train.model import ModelConfig
 from lltm.train.tasks import TASKS, make_task
@@ -99,7 +100,7 @@ def main(argv=None) -> int:
             _sync(device)
             times[mode].append((time.perf_counter() - start) / args.steps_per_block * 1e3)
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    name = device_name(device)
     print(f"lltm train step: {args.task} {args.model} hidden {args.hidden}, batch {args.batch}, seq {args.seq_len}, "
           f"{args.layers} layer(s), backend {args.backend}; {name}; torch {torch.__version__}")
     print(f"{args.blocks} interleaved blocks of {args.steps_per_block} steps per mode, after {args.warmup} untimed")
