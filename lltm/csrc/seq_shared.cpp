@@ -7,12 +7,82 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <ATen/Version.h>
+
 #include <algorithm>
-#include <vector>
+#include <cmath>
 
 #include "lltm.h"
 
 namespace lltm {
+
+namespace {
+
+// The forward's cell update on the CPU, c' = c + candidate * input_gate in
+// opmath, rounded as the forwards round it: ATen's at::addcmul (the aten
+// backend) and the fused CPU pass's at::vec::fmadd are one fused
+// multiply-add in the AVX2 and AVX512 builds of their kernels, and a
+// product then a sum in the default build. Backward must see the forward's
+// cell states bit for bit: a recomputation that rounds differently drifts
+// from them, step after step, and at T = 3000 that alone made the float32
+// gradients ~15x less accurate than the python backend's.
+bool cpu_kernels_fuse_multiply_add() {
+  static const bool fused = at::get_cpu_capability() != "DEFAULT";
+  return fused;
+}
+
+// c_t for batch rows [begin, end): each row walks t over contiguous rows
+// of S (at::cumsum over the time dimension walks every (b, j) column apart,
+// with a stride, and cost as much as the rest of the backward at T=50,
+// B=16, S=128). The state is carried in the tensor's dtype, as the forward
+// stores it after every step.
+template <typename scalar_t, bool kFma>
+void cells_cpu_rows(const scalar_t* gates, const scalar_t* c0, scalar_t* cells,
+                    int64_t steps, int64_t batch, int64_t state,
+                    int64_t begin, int64_t end) {
+  using acc_t = at::opmath_type<scalar_t>;
+  for (int64_t b = begin; b < end; ++b) {
+    const scalar_t* c_prev = c0 + b * state;
+    for (int64_t t = 0; t < steps; ++t) {
+      const scalar_t* i = gates + (t * batch + b) * 3 * state;
+      const scalar_t* candidate = i + 2 * state;
+      scalar_t* c_t = cells + (t * batch + b) * state;
+      for (int64_t j = 0; j < state; ++j) {
+        const acc_t c = static_cast<acc_t>(c_prev[j]);
+        const acc_t a = static_cast<acc_t>(candidate[j]);
+        const acc_t g = static_cast<acc_t>(i[j]);
+        c_t[j] = static_cast<scalar_t>(kFma ? std::fma(a, g, c) : c + a * g);
+      }
+      c_prev = c_t;
+    }
+  }
+}
+
+at::Tensor seq_cells_cpu(const at::Tensor& c0, const at::Tensor& gates) {
+  const int64_t steps = gates.size(0), batch = gates.size(1),
+                state = gates.size(2) / 3;
+  const at::Tensor g = gates.contiguous();
+  const at::Tensor c_init = c0.contiguous();
+  at::Tensor cells = at::empty({steps, batch, state}, gates.options());
+  const bool fma = cpu_kernels_fuse_multiply_add();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_seq_cells", [&] {
+        const scalar_t* gp = g.const_data_ptr<scalar_t>();
+        const scalar_t* cp = c_init.const_data_ptr<scalar_t>();
+        scalar_t* out = cells.mutable_data_ptr<scalar_t>();
+        const int64_t grain = std::max<int64_t>(1, 32768 / (steps * state + 1));
+        at::parallel_for(0, batch, grain, [&](int64_t begin, int64_t end) {
+          if (fma) {
+            cells_cpu_rows<scalar_t, true>(gp, cp, out, steps, batch, state, begin, end);
+          } else {
+            cells_cpu_rows<scalar_t, false>(gp, cp, out, steps, batch, state, begin, end);
+          }
+        });
+      });
+  return cells;
+}
+
+}  // namespace
 
 at::Tensor seq_cells(const at::Tensor& c0, const at::Tensor& gates) {
   const int64_t steps = gates.size(0), batch = gates.size(1),
@@ -20,44 +90,16 @@ at::Tensor seq_cells(const at::Tensor& c0, const at::Tensor& gates) {
   const c10::ScalarType dtype = gates.scalar_type();
   if (steps == 0) return at::empty({0, batch, state}, gates.options());
 #ifdef LLTM_WITH_CUDA
-  // at::cumsum over the time dimension waits on memory once per step.
+  // One thread per (row, unit) walking t with fused multiply-adds, as
+  // nvcc compiles the forwards' update (at::addcmul's and the fused
+  // kernels'); at::cumsum over the time dimension waited on memory once per
+  // step and rounded each increment before adding it.
   if (gates.is_cuda()) return seq_cells_cuda(c0, gates);
 #endif
-  if (gates.is_cpu()) {
-    // Each batch row walks t over contiguous rows of S (at::cumsum over the
-    // time dimension walks every (b, j) column apart, with a stride, and
-    // cost as much as the rest of the backward at T=50, B=16, S=128).
-    const at::Tensor g = gates.contiguous();
-    const at::Tensor c_init = c0.contiguous();
-    at::Tensor cells = at::empty({steps, batch, state}, gates.options());
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kHalf, at::kBFloat16, dtype, "lltm_seq_cells", [&] {
-          using acc_t = at::opmath_type<scalar_t>;
-          const scalar_t* gp = g.const_data_ptr<scalar_t>();
-          const scalar_t* cp = c_init.const_data_ptr<scalar_t>();
-          scalar_t* out = cells.mutable_data_ptr<scalar_t>();
-          const int64_t grain = std::max<int64_t>(1, 32768 / (steps * state + 1));
-          at::parallel_for(0, batch, grain, [&](int64_t begin, int64_t end) {
-            std::vector<acc_t> c(state);
-            for (int64_t b = begin; b < end; ++b) {
-              for (int64_t j = 0; j < state; ++j) c[j] = static_cast<acc_t>(cp[b * state + j]);
-              for (int64_t t = 0; t < steps; ++t) {
-                const scalar_t* i = gp + (t * batch + b) * 3 * state;
-                const scalar_t* candidate = i + 2 * state;
-                scalar_t* c_t = out + (t * batch + b) * state;
-                for (int64_t j = 0; j < state; ++j) {
-                  c[j] = c[j] + static_cast<acc_t>(candidate[j]) * static_cast<acc_t>(i[j]);
-                  c_t[j] = static_cast<scalar_t>(c[j]);
-                }
-              }
-            }
-          });
-        });
-    return cells;
-  }
+  if (gates.is_cpu()) return seq_cells_cpu(c0, gates);
+  // Other devices: c_t = c_{t-1} + candidate_t * input_gate_t as a running
+  // sum over t (c0 in the first increment), in opmath.
   const c10::ScalarType acc = at::toOpMathType(dtype);
-  // c_t = c_{t-1} + candidate_t * input_gate_t, summed in the forward's
-  // order: c0 goes into the first increment, then a running sum over t.
   at::Tensor increments = gates.narrow(2, 2 * state, state).to(acc) *
                           gates.narrow(2, 0, state).to(acc);
   increments[0].add_(c0.to(acc));
