@@ -31,15 +31,16 @@ bool cpu_kernels_fuse_multiply_add() {
   return fused;
 }
 
-// c_t for batch rows [begin, end): each row walks t over contiguous rows
-// of S (at::cumsum over the time dimension walks every (b, j) column apart,
-// with a stride, and cost as much as the rest of the backward at T=50,
-// B=16, S=128). The state is carried in the tensor's dtype, as the forward
-// stores it after every step.
-template <typename scalar_t, bool kFma>
-void cells_cpu_rows(const scalar_t* gates, const scalar_t* c0, scalar_t* cells,
-                    int64_t steps, int64_t batch, int64_t state,
-                    int64_t begin, int64_t end) {
+// c_t for batch rows [begin, end), c' = update(candidate, input_gate, c):
+// each row walks t over contiguous rows of S (at::cumsum over the time
+// dimension walks every (b, j) column apart, with a stride, and cost as
+// much as the rest of the backward at T=50, B=16, S=128). The state is
+// carried in the tensor's dtype, as the forward stores it after every step.
+template <typename scalar_t, typename Update>
+inline void cells_cpu_rows(const scalar_t* gates, const scalar_t* c0,
+                           scalar_t* cells, int64_t steps, int64_t batch,
+                           int64_t state, int64_t begin, int64_t end,
+                           Update update) {
   using acc_t = at::opmath_type<scalar_t>;
   for (int64_t b = begin; b < end; ++b) {
     const scalar_t* c_prev = c0 + b * state;
@@ -51,11 +52,29 @@ void cells_cpu_rows(const scalar_t* gates, const scalar_t* c0, scalar_t* cells,
         const acc_t c = static_cast<acc_t>(c_prev[j]);
         const acc_t a = static_cast<acc_t>(candidate[j]);
         const acc_t g = static_cast<acc_t>(i[j]);
-        c_t[j] = static_cast<scalar_t>(kFma ? std::fma(a, g, c) : c + a * g);
+        c_t[j] = static_cast<scalar_t>(update(a, g, c));
       }
       c_prev = c_t;
     }
   }
+}
+
+// The same with one fused multiply-add: compiled for FMA (an instruction,
+// not a call to libm's fma per element), called only where ATen's kernels
+// have FMA, so the CPU has it.
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define LLTM_TARGET_FMA __attribute__((target("fma")))
+#else
+#define LLTM_TARGET_FMA
+#endif
+template <typename scalar_t>
+LLTM_TARGET_FMA void cells_cpu_rows_fma(const scalar_t* gates,
+                                        const scalar_t* c0, scalar_t* cells,
+                                        int64_t steps, int64_t batch,
+                                        int64_t state, int64_t begin,
+                                        int64_t end) {
+  cells_cpu_rows(gates, c0, cells, steps, batch, state, begin, end,
+                 [](auto a, auto g, auto c) { return std::fma(a, g, c); });
 }
 
 at::Tensor seq_cells_cpu(const at::Tensor& c0, const at::Tensor& gates) {
@@ -73,9 +92,10 @@ at::Tensor seq_cells_cpu(const at::Tensor& c0, const at::Tensor& gates) {
         const int64_t grain = std::max<int64_t>(1, 32768 / (steps * state + 1));
         at::parallel_for(0, batch, grain, [&](int64_t begin, int64_t end) {
           if (fma) {
-            cells_cpu_rows<scalar_t, true>(gp, cp, out, steps, batch, state, begin, end);
+            cells_cpu_rows_fma(gp, cp, out, steps, batch, state, begin, end);
           } else {
-            cells_cpu_rows<scalar_t, false>(gp, cp, out, steps, batch, state, begin, end);
+            cells_cpu_rows(gp, cp, out, steps, batch, state, begin, end,
+                           [](auto a, auto g, auto c) { return c + a * g; });
           }
         });
       });
