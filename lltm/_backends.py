@@ -1,4 +1,5 @@
-"""Which backends this install can run, and how "auto" chooses."""
+"""Which backends this install can run, and how "auto" chooses (the
+backends themselves are listed once, in lltm/_registry.py)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,10 @@ from typing import Optional, Union
 
 import torch
 
-from lltm import _extension
+from lltm import _extension, _registry
+from lltm._registry import AUTO_ORDER, NAMES
 
-NAMES = ("python", "aten", "fused")  # the compiled ones must match lltm/csrc/backends.h
 FAMILIES = ("cell", "seq")  # operator families: one step, a whole layer
-# The names of the tutorial (extension-cpp): what each is called here.
-TUTORIAL_NAMES = {"py": "python", "cpp": "aten", "cuda": "fused"}
-# "auto" takes the first available in this order: fastest first.
-AUTO_ORDER = ("fused", "aten", "python")
 
 # (backend, device type, family) -> available; filled lazily, read on every call.
 _cache: dict[tuple[str, str, str], bool] = {}
@@ -33,14 +30,15 @@ def _device_usable(device_type: str) -> bool:
 def _compute(name: str, device_type: str, family: str) -> bool:
     if not _device_usable(device_type):
         return False
-    if name == "python":
+    kernels = _registry.BY_NAME[name].kernels
+    if kernels == "python":
         return True
     if _extension.try_load() is None:
         return False
     op = f"{name}_{family}_forward"
-    if name == "aten":  # ATen ops: every device torch itself supports
+    if kernels == "composite":  # ATen ops: every device torch itself supports
         return _has_kernel(op, "CompositeExplicitAutograd")
-    # fused: a kernel compiled for this device's dispatch key
+    # a kernel compiled for this device's dispatch key
     key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
     return key is not None and _has_kernel(op, key)
 
@@ -64,45 +62,38 @@ def backends(device: Optional[Union[str, torch.device]] = None) -> dict[str, boo
     return {name: is_available(name, dev.type) for name in NAMES}
 
 
-def _unavailable(backend: str, device_type: str) -> str:
-    have = [n for n in NAMES if is_available(n, device_type)]
+def _unavailable(backend: str, device_type: str, family: str = "cell") -> str:
+    have = [n for n in NAMES if is_available(n, device_type, family)]
     msg = f"lltm: backend {backend!r} is not available on {device_type}; available: {', '.join(have)}"
-    if backend in ("aten", "fused") and _extension.load_error():
+    entry = _registry.BY_NAME[backend]
+    if entry.compiled and _extension.load_error():
         msg += f". {_extension.load_error()}"
-    elif backend == "fused":
-        msg += " (the fused kernels are built for CPU and CUDA devices only)"
+    elif entry.kernels == "device":
+        msg += f" (its kernels are built for {' and '.join(entry.devices)} devices only)"
     return msg
 
 
 def unknown_backend(backend: str, device_type: Optional[str] = None) -> str:
     """The message for a backend name lltm does not know; the tutorial's
     names are answered with the lltm backend they correspond to."""
-    msg = f"lltm: unknown backend {backend!r}; choose 'auto' or one of {', '.join(map(repr, NAMES))}"
+    available = ""
     if device_type is not None:
-        msg += f" (available on {device_type}: {', '.join(repr(n) for n in NAMES if is_available(n, device_type))})"
-    if backend in TUTORIAL_NAMES:
-        msg += f". The tutorial's {backend!r} backend is lltm's {TUTORIAL_NAMES[backend]!r}"
-    return msg
+        have = ", ".join(repr(n) for n in NAMES if is_available(n, device_type))
+        available = f" (available on {device_type}: {have})"
+    return f"lltm: unknown backend {backend!r}; {_registry.choose_hint(backend, available)}"
 
 
 # Runs eagerly even under torch.compile: the choice is a constant of the graph.
 @torch.compiler.assume_constant_result
-def has_seq_ops(name: str, device_type: str) -> bool:
-    """Whether a resolved backend runs a whole layer as one operator (else
-    the layer loops over its cell operator)."""
-    return name != "python" and is_available(name, device_type, "seq")
-
-
-# Runs eagerly even under torch.compile: the choice is a constant of the graph.
-@torch.compiler.assume_constant_result
-def resolve(backend: str, device_type: str) -> str:
-    """Maps the `backend=` argument to a concrete backend for a device type."""
+def resolve(backend: str, device_type: str, family: str = "cell") -> str:
+    """Maps the `backend=` argument to a concrete backend that has the
+    `family` operators ("cell" or "seq") for a device type."""
     if backend == "auto":
         for name in AUTO_ORDER:
-            if is_available(name, device_type):
+            if is_available(name, device_type, family):
                 return name
     if backend not in NAMES:
         raise ValueError(unknown_backend(backend, device_type))
-    if not is_available(backend, device_type):
-        raise RuntimeError(_unavailable(backend, device_type))
+    if not is_available(backend, device_type, family):
+        raise RuntimeError(_unavailable(backend, device_type, family))
     return backend

@@ -2,7 +2,7 @@
 
 Used by the pure-PyTorch backend and the fake kernels, so every backend (and
 torch.compile's tracing) rejects bad input with the same message and exception
-type as the C++ checks in csrc/common.cpp: ValueError for shapes, TypeError for
+type as the C++ checks in csrc/checks.cpp: ValueError for shapes, TypeError for
 dtypes, RuntimeError for a device mix.
 """
 

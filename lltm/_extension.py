@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from lltm import _sources
+from lltm import _registry, _sources
 
 log = logging.getLogger("lltm")
 
@@ -110,80 +111,132 @@ def _newest_source_mtime(paths: list[str]) -> float:
     return max(os.path.getmtime(p) for p in paths + _sources.headers())
 
 
-def _load_jit() -> None:
-    from torch.utils import cpp_extension
+@dataclass(frozen=True)
+class _JitBuild:
+    """What a just-in-time build compiles, with which flags, and where."""
 
-    with_cuda = _sources.want_cuda()
-    debug = os.environ.get("DEBUG", "0") == "1"
-    name = "lltm_jit_cuda" if with_cuda else "lltm_jit_cpu"
-    sources = _sources.sources(with_cuda)
-    build_dir = cpp_extension._get_build_directory(name, False)
-    library = os.path.join(build_dir, name + ".so")
-    why = "ignored (LLTM_JIT=1)" if os.environ.get("LLTM_JIT") == "1" else "not found"
-    what = "C++ and CUDA sources" if with_cuda else "C++ sources"
+    name: str
+    sources: list[str]
+    with_cuda: bool
+    debug: bool
+    build_dir: str
 
-    def build_and_load() -> None:
-        cpp_extension.load(
+    @property
+    def library(self) -> str:
+        return os.path.join(self.build_dir, self.name + ".so")
+
+    @property
+    def what(self) -> str:
+        return "C++ and CUDA sources" if self.with_cuda else "C++ sources"
+
+    @staticmethod
+    def configure() -> _JitBuild:
+        from torch.utils import cpp_extension
+
+        with_cuda = _sources.want_cuda()
+        name = "lltm_jit_cuda" if with_cuda else "lltm_jit_cpu"
+        return _JitBuild(
             name=name,
-            sources=sources,
-            extra_cflags=_sources.cxx_flags(with_cuda, debug),
-            extra_cuda_cflags=_sources.nvcc_flags(debug) if with_cuda else None,
-            extra_ldflags=_sources.link_flags(),
+            sources=_sources.sources(with_cuda),
             with_cuda=with_cuda,
+            debug=os.environ.get("DEBUG", "0") == "1",
+            build_dir=cpp_extension._get_build_directory(name, False),
+        )
+
+    def compile_and_load(self) -> None:
+        """torch's JIT build: ninja recompiles what is older than its sources
+        (or whose flags changed), then the library is loaded."""
+        from torch.utils import cpp_extension
+
+        cpp_extension.load(
+            name=self.name,
+            sources=self.sources,
+            extra_cflags=_sources.cxx_flags(self.with_cuda, self.debug),
+            extra_cuda_cflags=_sources.nvcc_flags(self.debug) if self.with_cuda else None,
+            extra_ldflags=_sources.link_flags(),
+            with_cuda=self.with_cuda,
             is_python_module=False,
-            build_directory=build_dir,
+            build_directory=self.build_dir,
             verbose=os.environ.get("LLTM_JIT_VERBOSE") == "1",
         )
 
-    with _BuildLock(build_dir) as locked:
-        lock = os.path.join(build_dir, "lock")
-        if locked:
-            _remove_stale_lock(build_dir)
-        elif os.path.exists(lock):
-            log.warning("lltm: %s exists; if no build is running, remove it (a killed build left it)", lock)
-        if os.path.exists(library) and not _elf_intact(library):
-            log.warning(
-                "lltm: the cached library %s is damaged (truncated or not a shared library); rebuilding", library
-            )
-            os.remove(library)
-        before = os.path.getmtime(library) if os.path.exists(library) else None
+
+def _repair_cache(build: _JitBuild, locked: bool) -> None:
+    """What a killed build or a damaged file left in the cache: torch's stale
+    lock file (removed only while holding our flock) and a library that is
+    not a whole shared library."""
+    lock = os.path.join(build.build_dir, "lock")
+    if locked:
+        _remove_stale_lock(build.build_dir)
+    elif os.path.exists(lock):
+        log.warning("lltm: %s exists; if no build is running, remove it (a killed build left it)", lock)
+    if os.path.exists(build.library) and not _elf_intact(build.library):
+        log.warning(
+            "lltm: the cached library %s is damaged (truncated or not a shared library); rebuilding", build.library
+        )
+        os.remove(build.library)
+
+
+def _compile_and_load_once_more_if_refused(build: _JitBuild) -> None:
+    try:
+        build.compile_and_load()
+    except OSError as exc:  # dlopen refused the cached library: rebuild it once
+        if not os.path.exists(build.library):
+            raise
+        log.warning("lltm: the cached library %s could not be loaded (%s); rebuilding", build.library, exc)
+        os.remove(build.library)
+        build.compile_and_load()
+
+
+def _load_jit() -> None:
+    """Compiles (when needed) and loads the just-in-time build, saying once
+    whether it compiled or loaded the cached library."""
+    build = _JitBuild.configure()
+    why = "ignored (LLTM_JIT=1)" if os.environ.get("LLTM_JIT") == "1" else "not found"
+    with _BuildLock(build.build_dir) as locked:
+        _repair_cache(build, locked)
+        before = os.path.getmtime(build.library) if os.path.exists(build.library) else None
         # ninja rebuilds when a source is newer than the library (or flags changed).
-        announced = before is None or before < _newest_source_mtime(sources)
+        announced = before is None or before < _newest_source_mtime(build.sources)
         if announced:
             log.warning(
                 "lltm: prebuilt extension lltm._C %s; compiling %s just in time with "
                 "torch.utils.cpp_extension.load (cached under %s)",
                 why,
-                what,
-                build_dir,
+                build.what,
+                build.build_dir,
             )
         start = time.perf_counter()
-        try:
-            build_and_load()
-        except OSError as exc:  # dlopen refused the cached library: rebuild it once
-            if not os.path.exists(library):
-                raise
-            log.warning("lltm: the cached library %s could not be loaded (%s); rebuilding", library, exc)
-            os.remove(library)
-            build_and_load()
+        _compile_and_load_once_more_if_refused(build)
         seconds = time.perf_counter() - start
-        after = os.path.getmtime(library)
+        after = os.path.getmtime(build.library)
     if before is not None and after == before:
         log.warning(
             "lltm: prebuilt extension lltm._C %s; loaded the just-in-time build cached under %s (%.1f s)",
             why,
-            build_dir,
+            build.build_dir,
             seconds,
         )
     elif announced:
-        log.warning("lltm: built %s in %.0f s", library, seconds)
-    else:
+        log.warning("lltm: built %s in %.0f s", build.library, seconds)
+    else:  # only the flags changed
         log.warning(
             "lltm: prebuilt extension lltm._C %s; compiled %s just in time in %.0f s (cached under %s)",
             why,
-            what,
+            build.what,
             seconds,
-            build_dir,
+            build.build_dir,
+        )
+
+
+def _check_backends() -> None:
+    """The loaded library registered the backends lltm/_registry.py lists
+    (a library built from other sources, say an old lltm._C, may not)."""
+    built = tuple(torch.ops.lltm._compiled_backends())
+    if built != _registry.COMPILED:
+        raise RuntimeError(
+            f"the loaded library was built for the compiled backends {', '.join(built)}, but this lltm lists "
+            f"{', '.join(_registry.COMPILED)} (lltm/_registry.py); rebuild it"
         )
 
 
@@ -208,7 +261,9 @@ def load() -> str:
         if _mode is None:
             _load_jit()
             _mode = "jit"
-    except Exception as exc:  # compiler missing, build error, ...
+        _check_backends()
+    except Exception as exc:  # compiler missing, build error, another list of backends, ...
+        _mode = None
         _error = f"lltm: the compiled extension is not available ({exc}); {BUILD_HINT}"
         raise RuntimeError(_error) from exc
     from lltm import _meta  # noqa: F401  (fake kernels need the schemas)
@@ -241,12 +296,17 @@ def build_info() -> dict[str, str]:
 
 def preload_prebuilt() -> None:
     """At import: load lltm._C if it is there (cheap), never compile."""
-    global _mode
+    global _mode, _error
     if os.environ.get("LLTM_JIT") == "1" or _mode is not None:
         return
     try:
         import lltm._C  # noqa: F401
     except ImportError:
+        return
+    try:
+        _check_backends()
+    except (RuntimeError, AttributeError) as exc:  # import lltm still works, without the compiled backends
+        _error = f"lltm: the compiled extension is not available ({exc}); {BUILD_HINT}"
         return
     _mode = "aot"
     from lltm import _meta  # noqa: F401

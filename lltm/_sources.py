@@ -2,20 +2,21 @@
 
 Shared by setup.py (ahead-of-time build) and lltm/_extension.py (just-in-time
 build) so both modes compile the same files with the same flags and the
-same USE_CUDA rule. Imports nothing but the standard library at the top:
+same USE_CUDA rule. The folders and the list of compiled backends come from
+lltm/_registry.py. Imports nothing but the standard library at the top:
 setup.py loads this file by path.
 """
 
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import sys
 
-CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(HERE, "csrc")
 
-# One folder per backend; csrc/*.cpp holds the schemas, checks and autograd.
-CPU_SOURCE_GLOBS = ("*.cpp", "aten/*.cpp", "cpu/*.cpp")
 # Ahead-of-time builds without TORCH_CUDA_ARCH_LIST compile for every
 # supported GPU (A100, RTX 30, L4 / RTX 40, H100) plus PTX for newer ones,
 # instead of torch's default (the GPUs of the build machine, or all of
@@ -28,12 +29,35 @@ def default_cuda_arch_list(environ=os.environ) -> str:
     """Sets TORCH_CUDA_ARCH_LIST in `environ` to CUDA_ARCH_LIST_DEFAULT
     unless it is set; returns the list the build will use."""
     return environ.setdefault("TORCH_CUDA_ARCH_LIST", CUDA_ARCH_LIST_DEFAULT)
-CUDA_SOURCE_GLOBS = ("cuda/*.cu", "cuda/*.cpp")
+
+
+def _load_registry():
+    if __package__:  # imported as lltm._sources
+        from lltm import _registry
+
+        return _registry
+    # Loaded by path from setup.py, before the lltm package can be imported.
+    spec = importlib.util.spec_from_file_location("lltm_registry", os.path.join(HERE, "_registry.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+_registry = _load_registry()
+
+
+def source_globs(with_cuda: bool) -> tuple[str, ...]:
+    """Globs under csrc: the common sources, then each compiled backend's folders."""
+    globs = _registry.COMMON_CPU_SOURCES + (_registry.COMMON_CUDA_SOURCES if with_cuda else ())
+    for backend in _registry.BACKENDS:
+        globs += backend.cpu_sources + (backend.cuda_sources if with_cuda else ())
+    return globs
 
 
 def sources(with_cuda: bool) -> list[str]:
     """Absolute paths of the sources to compile, sorted for stable builds."""
-    globs = CPU_SOURCE_GLOBS + (CUDA_SOURCE_GLOBS if with_cuda else ())
+    globs = source_globs(with_cuda)
     found: list[str] = []
     for pattern in globs:
         found.extend(sorted(glob.glob(os.path.join(CSRC, pattern))))
@@ -75,6 +99,7 @@ def openmp_flags() -> list[str]:
 def cxx_flags(with_cuda: bool, debug: bool) -> list[str]:
     flags = ["-O0", "-g"] if debug else ["-O3"]
     flags += openmp_flags()
+    flags.append(_registry.compiled_define())
     if with_cuda:
         flags.append("-DLLTM_WITH_CUDA")
     return flags
@@ -85,6 +110,6 @@ def link_flags() -> list[str]:
 
 
 def nvcc_flags(debug: bool) -> list[str]:
-    flags = ["-DLLTM_WITH_CUDA", "--expt-relaxed-constexpr", "-lineinfo"]
+    flags = ["-DLLTM_WITH_CUDA", _registry.compiled_define(), "--expt-relaxed-constexpr", "-lineinfo"]
     flags += ["-O0", "-G"] if debug else ["-O3"]
     return flags

@@ -3,55 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
-
-# argparse types shared by the subcommands: bad values end in usage + message, exit 2, before any work.
-def int_at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        return value
-
-    parse.__name__ = f"integer >= {low}"  # argparse names the type in its messages
-    return parse
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-    return value
-
-
-def device_arg(text: str) -> torch.device:
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"not a device: {text!r} (cpu, cuda or cuda:N)") from None
-    if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
-    return device
-
-
-def output_file(text: str) -> str:
-    folder = os.path.dirname(os.path.abspath(text))
-    if not os.path.isdir(folder):
-        raise argparse.ArgumentTypeError(f"folder {folder} does not exist (create it first)")
-    if not os.access(folder, os.W_OK):
-        raise argparse.ArgumentTypeError(f"folder {folder} is not writable")
-    return text
+from lltm._argtypes import Parser
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -94,7 +51,8 @@ def _version() -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from lltm import bench, check
 
-    parser = argparse.ArgumentParser(prog="lltm", description="The LLTM cell as a PyTorch extension.")
+    # Parser: a usage error is one line, in every subcommand.
+    parser = Parser(prog="lltm", description="The LLTM cell as a PyTorch extension.")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     p_bench = sub.add_parser("bench", help="forward/backward time of every backend, with peers")

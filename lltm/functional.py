@@ -95,14 +95,9 @@ def lltm(
         if not isinstance(lengths, Tensor) or lengths.is_floating_point() or lengths.is_complex():
             raise TypeError(f"{op_name}: expected lengths to be an integer tensor of shape (batch,)")
         lengths = lengths.to(device=input.device, dtype=torch.int64)
-    name = _backends.resolve(backend, input.device.type)
-    if _backends.has_seq_ops(name, input.device.type):
-        output, h_n, c_n, _ = _forward_op(name, "seq")(input, weights, bias, h0, c0, lengths)
-        return output, (h_n, c_n)
-    check_seq_args(op_name, input, weights, bias, h0, c0, lengths)
+    name = _backends.resolve(backend, input.device.type, "seq")
     if name == "python":
+        check_seq_args(op_name, input, weights, bias, h0, c0, lengths)
         return lltm_reference(input, weights, bias, h0, c0, lengths)
-    # A backend without sequence operators on this device: its cell, step by step.
-    return lltm_reference(
-        input, weights, bias, h0, c0, lengths, cell=lambda *a: lltm_cell(*a, backend=name)
-    )
+    output, h_n, c_n, _ = _forward_op(name, "seq")(input, weights, bias, h0, c0, lengths)
+    return output, (h_n, c_n)

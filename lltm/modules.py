@@ -27,6 +27,40 @@ def _check_backend_name(backend: str) -> str:
     return backend
 
 
+def _sizes(op: str, input_size, state_size, input_features, hidden_size) -> tuple[int, int]:
+    """The two sizes, each given once: input_size or the tutorial's
+    input_features, state_size or nn.LSTM's hidden_size."""
+    sizes = []
+    for name, value, alias, alias_value in (
+        ("input_size", input_size, "input_features", input_features),
+        ("state_size", state_size, "hidden_size", hidden_size),
+    ):
+        if value is not None and alias_value is not None:
+            raise TypeError(f"{op}: got both {name} and {alias} (the same size: give one)")
+        if value is None and alias_value is None:
+            raise TypeError(f"{op}: missing {name} (or its keyword alias {alias})")
+        sizes.append(value if value is not None else alias_value)
+    check_size(op, "input_size", sizes[0], 0)
+    check_size(op, "state_size", sizes[1], 1)
+    return sizes[0], sizes[1]
+
+
+class _Sizes:
+    """The other names of the sizes, read-only: input_features (the
+    tutorial's LLTM) and hidden_size (nn.LSTM's)."""
+
+    input_size: int
+    state_size: int
+
+    @property
+    def input_features(self) -> int:
+        return self.input_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.state_size
+
+
 def _bias_from_extension_cpp(module, state_dict, prefix, *args) -> None:
     """extension-cpp's LLTM keeps its bias as (1, 3S): load it as (3S,)."""
     bias = state_dict.get(prefix + "bias")
@@ -34,10 +68,12 @@ def _bias_from_extension_cpp(module, state_dict, prefix, *args) -> None:
         state_dict[prefix + "bias"] = bias.reshape(bias.shape[1])
 
 
-class LLTMCell(nn.Module):
+class LLTMCell(_Sizes, nn.Module):
     """One LLTM step as a module, parameter-compatible with the tutorial's LLTM.
 
-    Parameters: ``weights`` (3 * state_size, state_size + input_features) and
+    LLTMCell(input_size, state_size): the keywords input_features (the
+    tutorial's word) and hidden_size (nn.LSTMCell's) name the same sizes.
+    Parameters: ``weights`` (3 * state_size, state_size + input_size) and
     ``bias`` (3 * state_size,) (None when bias=False), initialised uniformly in
     ±1/sqrt(state_size); a state_dict of the tutorial's module loads as is.
 
@@ -47,22 +83,23 @@ class LLTMCell(nn.Module):
 
     def __init__(
         self,
-        input_features: int,
-        state_size: int,
+        input_size: Optional[int] = None,
+        state_size: Optional[int] = None,
         *,
         bias: bool = True,
         backend: str = "auto",
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
+        input_features: Optional[int] = None,
+        hidden_size: Optional[int] = None,
     ) -> None:
         super().__init__()
-        check_size("lltm.LLTMCell", "input_features", input_features, 0)
-        check_size("lltm.LLTMCell", "state_size", state_size, 1)
+        input_size, state_size = _sizes("lltm.LLTMCell", input_size, state_size, input_features, hidden_size)
         factory = {"device": device, "dtype": dtype}
-        self.input_features = input_features
+        self.input_size = input_size
         self.state_size = state_size
         self.backend = _check_backend_name(backend)
-        self.weights = nn.Parameter(torch.empty(3 * state_size, state_size + input_features, **factory))
+        self.weights = nn.Parameter(torch.empty(3 * state_size, state_size + input_size, **factory))
         if bias:
             self.bias = nn.Parameter(torch.empty(3 * state_size, **factory))
         else:
@@ -84,12 +121,15 @@ class LLTMCell(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"{self.input_features}, {self.state_size}, bias={self.bias is not None}, backend={self.backend!r}"
+            f"{self.input_size}, {self.state_size}, bias={self.bias is not None}, backend={self.backend!r}"
         )
 
 
-class LLTM(nn.Module):
+class LLTM(_Sizes, nn.Module):
     """Stacked LLTM layers over a sequence, with nn.LSTM's conventions.
+
+    LLTM(input_size, state_size, num_layers=1): the keywords hidden_size
+    (nn.LSTM's word) and input_features (the tutorial's) name the same sizes.
 
     input: (T, B, I), or (B, T, I) when batch_first, or a PackedSequence;
     state: None (zeros) or (h0, c0), each (num_layers * D, B, S) with D = 2
@@ -109,8 +149,8 @@ class LLTM(nn.Module):
 
     def __init__(
         self,
-        input_size: int,
-        state_size: int,
+        input_size: Optional[int] = None,
+        state_size: Optional[int] = None,
         num_layers: int = 1,
         *,
         bias: bool = True,
@@ -120,10 +160,11 @@ class LLTM(nn.Module):
         backend: str = "auto",
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
+        input_features: Optional[int] = None,
+        hidden_size: Optional[int] = None,
     ) -> None:
         super().__init__()
-        check_size("lltm.LLTM", "input_size", input_size, 0)
-        check_size("lltm.LLTM", "state_size", state_size, 1)
+        input_size, state_size = _sizes("lltm.LLTM", input_size, state_size, input_features, hidden_size)
         if num_layers < 1:
             raise ValueError(f"lltm.LLTM: num_layers must be at least 1, got {num_layers}")
         if not 0.0 <= dropout <= 1.0:

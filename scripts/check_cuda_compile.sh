@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Compile-only check of every CUDA source (lltm/csrc/cuda/*.cu, *.cpp) with nvcc
-# against the installed torch's headers, for sm_80 and sm_90 (the oldest
-# supported architecture, and the one with thread-block clusters), with the
-# flags torch.utils.cpp_extension uses. Needs no GPU and no CUDA build of
-# torch, so CI catches a kernel that does not compile for either.
+# Compile-only check of every CUDA source of the build (lltm/_sources.py: the
+# .cu files and the .cpp files of lltm/csrc/cuda/) with nvcc against the
+# installed torch's headers, for sm_80 and sm_90 (the oldest supported
+# architecture, and the one with thread-block clusters), with the flags
+# torch.utils.cpp_extension uses. Needs no GPU and no CUDA build of torch, so
+# CI catches a kernel that does not compile for either.
 #
 #   scripts/check_cuda_compile.sh [--resource-usage] [FILE.cu ...]
 #
@@ -30,9 +31,25 @@ for arg in "$@"; do
     *) files+=("$arg") ;;
   esac
 done
+# The build's own view: its CUDA sources and the list of compiled backends
+# (lltm/_registry.py), read the way setup.py reads them.
+read_sources() {
+  "$PYTHON" - "$1" <<'EOF'
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("lltm_sources", "lltm/_sources.py")
+src = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(src)
+if sys.argv[1] == "files":
+    cuda = os.path.join("lltm", "csrc", "cuda") + os.sep
+print("\n".join(r for r in map(os.path.relpath, src.sources(True)) if r.endswith(".cu") or r.startswith(cuda)))
+else:
+    print(src._registry.compiled_define())
+EOF
+}
 if [ ${#files[@]} -eq 0 ]; then
-  files=(lltm/csrc/cuda/*.cu lltm/csrc/cuda/*.cpp)
+  mapfile -t files < <(read_sources files)
 fi
+BACKENDS_DEFINE=$(read_sources define)
 
 NVCC=${NVCC:-}
 if [ -z "$NVCC" ]; then
@@ -116,7 +133,7 @@ flags=(
   --expt-relaxed-constexpr
   -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__
   -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__
-  -DLLTM_WITH_CUDA -DTORCH_EXTENSION_NAME=_C -DTORCH_API_INCLUDE_EXTENSION_H
+  -DLLTM_WITH_CUDA "$BACKENDS_DEFINE" -DTORCH_EXTENSION_NAME=_C -DTORCH_API_INCLUDE_EXTENSION_H
   "-D_GLIBCXX_USE_CXX11_ABI=$ABI"
   -Xcompiler -fPIC -diag-suppress 3306
   $TORCH_INCLUDES "${extra_includes[@]}"

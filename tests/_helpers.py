@@ -21,13 +21,13 @@ from lltm.reference import lltm_cell_reference
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
-COMPILED = ("aten", "fused")
+COMPILED = lltm._registry.COMPILED
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
 OUTPUT_NAMES = ("new_h", "new_cell", "grad_input", "grad_weights", "grad_bias", "grad_old_h", "grad_old_cell")
 
 
-def backend_params(devices=DEVICES, backends=lltm._backends.NAMES):
+def backend_params(devices=DEVICES, backends=lltm._registry.NAMES):
     """pytest params over (device, backend) with ids like cpu-aten; backends
     this install cannot run on a device are kept, marked skip, so the report
     shows what did not run."""

@@ -125,7 +125,7 @@ def test_unknown_backend():
 def test_unavailable_backend_names_available_ones():
     """fused has kernels for CPU and CUDA only; meta tensors stand in for any other device."""
     with pytest.raises(RuntimeError, match=r"backend 'fused' is not available on meta; available: python, aten "
-                       r"\(the fused kernels are built for CPU and CUDA devices only\)"):
+                       r"\(its kernels are built for cpu and cuda devices only\)"):
         functional.lltm_cell(*_args("meta"), backend="fused")
 
 

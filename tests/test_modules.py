@@ -160,3 +160,31 @@ def test_lltm_trains(device, backend):
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+@pytest.mark.parametrize("module", [lltm.LLTMCell, lltm.LLTM])
+def test_one_vocabulary_for_the_sizes(module):
+    """Both modules take input_size first (positional use unchanged), accept the tutorial's input_features
+    and nn.LSTM's hidden_size as keywords, and build the same parameters whichever names are used."""
+    torch.manual_seed(0)
+    positional = module(7, 5).state_dict()
+    for kwargs in ({"input_size": 7, "state_size": 5}, {"input_features": 7, "state_size": 5},
+                   {"input_size": 7, "hidden_size": 5}, {"input_features": 7, "hidden_size": 5}):
+        torch.manual_seed(0)
+        m = module(**kwargs)
+        state = m.state_dict()
+        assert list(state) == list(positional)
+        assert all(torch.equal(state[k], positional[k]) for k in state)
+        assert (m.input_size, m.state_size, m.input_features, m.hidden_size) == (7, 5, 7, 5)
+    name = f"lltm.{module.__name__}"
+    with pytest.raises(TypeError, match=rf"{name}: got both input_size and input_features"):
+        module(7, 5, input_features=7)
+    with pytest.raises(TypeError, match=rf"{name}: got both state_size and hidden_size"):
+        module(7, state_size=5, hidden_size=5)
+    with pytest.raises(TypeError, match=rf"{name}: missing state_size \(or its keyword alias hidden_size\)"):
+        module(7)
+
+
+def test_layer_num_layers_stays_third():
+    layer = lltm.LLTM(3, 4, 2)
+    assert layer.num_layers == 2 and "weights_l1" in layer.state_dict()

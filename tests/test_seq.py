@@ -382,6 +382,100 @@ def _outputs_and_grads(fn, args, lengths=None, seed=3):
     return (out, h_n, c_n) + torch.autograd.grad(loss, leaves)
 
 
+def _python_trajectory(x, W, b, h0, c0, lengths):
+    """The python backend's forward in x's dtype, replayed with its own ops: (output, activated gates),
+    gates 0 past a row's length, as the sequence operators save them."""
+    h, c, outs, gates = h0, c0, [], []
+    S = h0.shape[1]
+    for t in range(x.shape[0]):
+        pre = torch.nn.functional.linear(torch.cat([h, x[t]], dim=1), W, b)
+        g = torch.cat([torch.sigmoid(pre[:, :S]), torch.sigmoid(pre[:, S:2 * S]),
+                       torch.nn.functional.elu(pre[:, 2 * S:])], dim=1)
+        new_h, new_c = lltm.reference.lltm_cell_reference(x[t], W, b, h, c)
+        inside = (lengths > t).unsqueeze(1)
+        h, c = torch.where(inside, new_h, h), torch.where(inside, new_c, c)
+        outs.append(torch.where(inside, new_h, torch.zeros_like(new_h)))
+        gates.append(torch.where(inside, g, torch.zeros_like(g)))
+    return torch.stack(outs), torch.stack(gates)
+
+
+def _backward64(trajectory, args, lengths, out_grads):
+    """The float64 backward along a float32 forward's trajectory (the exact gradients of the steps that
+    forward took, whatever its rounding): aten's backward operator on everything upcast."""
+    x, W, b, h0, c0 = (a.detach().double() for a in args)
+    out, gates = (t.double() for t in trajectory)
+    return torch.ops.lltm.aten_seq_backward(*(g.double() for g in out_grads), x, W, h0, c0, out, gates, lengths,
+                                            [True] * 5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_aten_long_float32_backward_within_twice_plain_pytorch(device, capsys):
+    """T = 3000, B = 8, S = 64, with lengths, float32. The gradients of each backend along its own forward
+    trajectory, against the float64 backward along that same trajectory: aten's error is at most twice
+    the python backend's, on the same device, in the same process (matmul precision torch's default: no
+    TF32). This is where the recomputed cell states (seq_cells: the forward's rounding, bit for bit) and
+    the reduction order (one GEMM / sum over all T*B rows) would show.
+
+    The whole error against a float64 forward and backward is printed, not judged: over 3000 steps the
+    cell state grows to ~1e3, the gradients of the first steps to ~1e4, and the trajectory's own float32
+    rounding decides that error, which moves ~10x either way with the seed, between any two
+    implementations (python's included) of the same float32 math."""
+    if not lltm._backends.is_available("aten", device, "seq"):
+        pytest.skip(f"aten has no sequence operators on {device}")
+    assert torch.get_float32_matmul_precision() == "highest"
+    args = make_seq(3000, 8, 32, 64, device=device, dtype=torch.float32, seed=6)
+    lengths = torch.tensor([3000, 2999, 1500, 1, 0, 2500, 3000, 17], device=device)
+    gen = torch.Generator().manual_seed(7)
+    out_grads = [torch.randn(shape, generator=gen).to(device) for shape in ((3000, 8, 64), (8, 64), (8, 64))]
+    x, W, b, h0, c0 = (a.detach() for a in args)
+    names = NAMES
+
+    def errors(got, ref):
+        return [_rel_err(g, r) for g, r in zip(got, ref)]
+
+    # aten: its forward operator's trajectory and its backward operator
+    out, h_n, c_n, gates = torch.ops.lltm.aten_seq_forward(x, W, b, h0, c0, lengths)
+    got_aten = torch.ops.lltm.aten_seq_backward(*out_grads, x, W, h0, c0, out, gates, lengths, [True] * 5)
+    err_aten = errors(got_aten, _backward64((out, gates), args, lengths, out_grads))
+    # python: autograd through its forward, and that forward's trajectory replayed
+    leaves = [a.detach().requires_grad_() for a in args]
+    py_out, (py_h, py_c) = functional.lltm(*leaves, lengths=lengths, backend="python")
+    got_py = torch.autograd.grad((py_out, py_h, py_c), leaves, out_grads)
+    trajectory = _python_trajectory(x, W, b, h0, c0, lengths)
+    assert torch.equal(trajectory[0], py_out.detach())
+    err_py = errors(got_py, _backward64(trajectory, args, lengths, out_grads))
+
+    # for the record: the whole error, forward and backward, against float64
+    up = [a.double().requires_grad_() for a in args]
+    ref_out, (ref_h, ref_c) = functional.lltm(*up, lengths=lengths, backend="python")
+    ref = torch.autograd.grad((ref_out, ref_h, ref_c), up, [g.double() for g in out_grads])
+    whole = {"aten": errors(got_aten, ref), "python": errors(got_py, ref)}
+    table = "\n".join(
+        f"  {n:>7}: backward along its trajectory aten {ea:.1e} python {ep:.1e}; "
+        f"whole aten {wa:.1e} python {wp:.1e}"
+        for n, ea, ep, wa, wp in zip(names, err_aten, err_py, whole["aten"], whole["python"])
+    )
+    with capsys.disabled():
+        print(f"\nT=3000 float32 on {device}, relative errors against float64:\n{table}")
+    for name, ea, ep in zip(names, err_aten, err_py):
+        assert ea <= 2 * ep + 1e-7, f"{name}: aten's backward error {ea:.2e} > 2 x python's {ep:.2e}\n{table}"
+
+
+def test_bad_sequence_path_is_a_clear_error(monkeypatch):
+    """A wrong LLTM_SEQ_PATH / LLTM_SEQ_CLUSTER names the setting and its values."""
+    if not (torch.cuda.is_available() and lltm._backends.is_available("fused", "cuda", "seq")):
+        pytest.skip("needs the fused sequence operators on CUDA")
+    args = make_seq(2, 2, 3, 4, device="cuda", dtype=torch.float32, requires_grad=False)
+    monkeypatch.setenv("LLTM_SEQ_PATH", "fast")
+    with pytest.raises(RuntimeError, match="LLTM_SEQ_PATH=fast is not a sequence path"):
+        functional.lltm(*args, backend="fused")
+    if _has_clusters():
+        monkeypatch.setenv("LLTM_SEQ_PATH", "persistent")
+        monkeypatch.setenv("LLTM_SEQ_CLUSTER", "40")
+        with pytest.raises(RuntimeError, match="LLTM_SEQ_CLUSTER=40 must be a cluster size"):
+            functional.lltm(*args, backend="fused")
+
+
 @cuda_only
 @pytest.mark.parametrize("backend", COMPILED)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])

@@ -13,6 +13,7 @@ import textwrap
 import pytest
 import torch
 
+from lltm import _backends as lltm_backends
 from lltm import cli
 from lltm.train import checkpoint
 from lltm.train.model import ModelConfig, count_parameters, matched_hidden
@@ -185,6 +186,25 @@ def test_compile_smoke(tmp_path):
     assert math.isfinite(_rows(tmp_path / "out" / "lltm.jsonl")[-1]["loss"])
 
 
+@pytest.mark.parametrize("compile", [[], ["--compile"]], ids=["eager", "compile"])
+def test_warmup_is_timed_apart(tmp_path, compile, capsys):
+    """The first --warmup-steps steps (compilation included) are timed apart from the steady state: the
+    summary, its JSON and the metrics say both; a run that ends within its warm-up has no steady speed."""
+    args = ["--task", "copy", "--seq-len", "5", "--copy-len", "2", "--no-plot", "--warmup-steps", "3", *compile]
+    assert _train(tmp_path, *args, "--steps", "8") == 0
+    table = capsys.readouterr().out
+    assert "| warm-up |" in table and "| 3 steps, " in table and "steady state, after the warm-up steps" in table
+    (r,) = json.loads((tmp_path / "out" / "summary.json").read_text())["results"]
+    assert r["warmup_steps"] == 3 and r["warmup_s"] > 0 and r["steps_per_s"] > 0
+    assert r["tokens_per_s"] == pytest.approx(r["steps_per_s"] * 8 * 5)  # batch 8, sequences of 5
+    warm = [row for row in _rows(tmp_path / "out" / "lltm.jsonl") if row["kind"] == "warmup"]
+    assert warm == [{"kind": "warmup", "step": 3, "steps": 3, "seconds": round(r["warmup_s"], 4)}]
+    assert _train(tmp_path, *args, "--steps", "2", out="short") == 0
+    (r,) = json.loads((tmp_path / "short" / "summary.json").read_text())["results"]
+    assert r["warmup_steps"] == 2 and r["steps_per_s"] is None and r["tokens_per_s"] is None
+    assert "| - | - | 2 steps, " in capsys.readouterr().out
+
+
 # --- checkpoints and resume -----------------------------------------------------------------
 
 RESUME = ["--task", "copy", "--layers", "2", "--dropout", "0.3", "--ckpt-every", "3", "--no-plot"]
@@ -273,7 +293,53 @@ def test_damaged_newest_checkpoint_falls_back(tmp_path):
 
 def test_resume_needs_a_checkpoint_directory(tmp_path, capsys):
     assert _train(tmp_path, "--task", "copy", "--steps", "2", "--resume") == 2
-    assert "--resume needs --ckpt DIR" in capsys.readouterr().err
+    assert capsys.readouterr().err == "lltm train: error: --resume needs --ckpt DIR (the directory to resume from)\n"
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--backend", "cpp"], "argument --backend: unknown backend 'cpp'; choose 'auto' or one of 'python', 'aten', "
+                               "'fused'. The tutorial's 'cpp' backend is lltm's 'aten'"),
+        (["--device", "tpu"], "argument --device: not a device: 'tpu' (cpu, cuda or cuda:N)"),
+        (["--out", "{file}/sub"], "argument --out: {file} is not a folder, so {file}/sub cannot be created in it"),
+        (["--ckpt", "{file}/ck"], "argument --ckpt: {file} is not a folder, so {file}/ck cannot be created in it"),
+        (["--steps", "0"], "argument --steps: must be at least 1, got 0"),
+        (["--dropout", "2"], "argument --dropout: must be in [0, 1], got 2"),
+        (["--lr", "x"], "argument --lr: expected a number, got 'x'"),
+    ],
+    ids=["backend", "device", "out", "ckpt", "steps", "dropout", "lr"],
+)
+def test_bad_arguments_are_one_line(tmp_path, argv, message, capsys, monkeypatch):
+    """Rejected before any work: one line on stderr, exit 2, no traceback."""
+    monkeypatch.setattr("lltm.train.cli.train_model", lambda *a, **k: pytest.fail("trained despite a bad argument"))
+    file = tmp_path / "a-file"
+    file.write_text("")
+    argv = [a.format(file=file) for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        _train(tmp_path, "--task", "copy", "--steps", "2", *argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err == f"lltm train: error: {message.format(file=file)} (see lltm train --help)\n"
+
+
+def test_unavailable_backend_is_one_line(tmp_path, capsys, monkeypatch):
+    """A backend that exists but not on this device: known once the device is, still before any work."""
+    monkeypatch.setattr("lltm.train.cli.train_model", lambda *a, **k: pytest.fail("trained despite a bad argument"))
+    monkeypatch.setattr(lltm_backends, "_cache", {("fused", "cpu", "seq"): False})
+    assert _train(tmp_path, "--task", "copy", "--steps", "2", "--backend", "fused") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lltm train: error: backend 'fused' is not available on cpu; available: python, aten")
+    assert err.count("\n") == 1
+
+
+def test_runs_to_the_end_without_matplotlib(tmp_path, capsys, monkeypatch):
+    """The curves are skipped with one line saying how to get them; metrics and summary are written; exit 0."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert _train(tmp_path, "--task", "copy", "--steps", "2") == 0
+    out = capsys.readouterr().out
+    assert 'no loss curves: they need matplotlib (pip install "lltm[plot]"; --no-plot: do not ask)' in out
+    assert (tmp_path / "out" / "summary.json").exists() and not (tmp_path / "out" / "loss.png").exists()
 
 
 # --- DDP ------------------------------------------------------------------------------------

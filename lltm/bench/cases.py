@@ -15,17 +15,15 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
-from lltm import _backends, functional
+from lltm import _backends, _registry, functional
 from lltm.reference import lltm_cell_reference
 
 Outputs = tuple[Tensor, ...]
 
-BACKEND_ROWS = ("python", "aten", "fused")
+BACKEND_ROWS = _registry.NAMES
 # name -> what it is, in both modes (cell mode | sequence mode)
 ROWS: dict[str, str] = {
-    "python": "lltm, backend='python' (the reference; a per-step loop in sequence mode)",
-    "aten": "lltm, backend='aten'",
-    "fused": "lltm, backend='fused'",
+    **{b.name: f"lltm, backend={b.name!r}: {b.summary}" for b in _registry.BACKENDS},
     "compile": "torch.compile of the python cell | of lltm.LLTM(backend='python') (unrolled: slow to compile)",
     "compile-ro": "the same, mode='reduce-overhead' (CUDA graphs; CUDA only)",
     "lstm": "nn.LSTMCell | nn.LSTM (cuDNN on GPU), same state size",
@@ -33,8 +31,8 @@ ROWS: dict[str, str] = {
     "gemm": "the bare GEMMs of one cell step: addmm forward, two mm backward (cell mode only)",
 }
 ALIASES = {"lstmcell": "lstm", "notf32": "lstm-notf32"}
-CELL_DEFAULT = ("python", "aten", "fused", "compile", "compile-ro", "lstm", "gemm")
-SEQ_DEFAULT = ("python", "aten", "fused", "compile", "compile-ro", "lstm", "lstm-notf32")
+CELL_DEFAULT = (*BACKEND_ROWS, "compile", "compile-ro", "lstm", "gemm")
+SEQ_DEFAULT = (*BACKEND_ROWS, "compile", "compile-ro", "lstm", "lstm-notf32")
 
 
 class Skip(Exception):

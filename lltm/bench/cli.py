@@ -9,9 +9,9 @@ import sys
 
 import torch
 
+from lltm._argtypes import device_arg, fail, int_at_least, output_file, positive_float
 from lltm.bench import cases as rows_mod
 from lltm.bench import report, timing
-from lltm.cli import device_arg, int_at_least, output_file, positive_float
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -86,48 +86,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def _device_name(device: torch.device) -> str:
+def cpu_name() -> str:
+    """The CPU's model and vendor, as the OS reports them (timings depend on them)."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    model = fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
+    vendor = fields.get("vendor_id")
+    return f"{model} ({vendor})" if vendor and vendor not in model else model
+
+
+def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+    return f"{cpu_name()}, {torch.get_num_threads()} threads"
 
 
-def run(args: argparse.Namespace) -> int:
-    device: torch.device = args.device
+def _device(device: torch.device) -> torch.device:
+    """The device to time on (args.device is one torch can use: device_arg)."""
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            print("lltm bench: --device cuda asked for, but torch sees no CUDA device", file=sys.stderr)
-            return 2
         if device.index is None:  # "cuda" means the current device
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            print("lltm bench: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
-            return 2
-    dtype = torch.float64 if args.double else DTYPES[args.dtype]
-    names = args.rows or list(rows_mod.SEQ_DEFAULT if args.seq else rows_mod.CELL_DEFAULT)
-    cfg = rows_mod.Config(
+    return device
+
+
+def _config(args: argparse.Namespace, device: torch.device) -> rows_mod.Config:
+    return rows_mod.Config(
         batch_size=args.batch_size,
         features=args.features,
         state_size=args.state_size,
         seq=args.seq,
         device=device,
-        dtype=dtype,
+        dtype=torch.float64 if args.double else DTYPES[args.dtype],
         seed=args.seed,
         param_grads_only=args.param_grads_only,
         accumulate_grads=args.accumulate_grads,
         autocast=DTYPES[args.autocast] if args.autocast else None,
     )
-    cases, skipped = rows_mod.build(names, cfg)
-    for name, why in skipped.items():
-        print(f"lltm bench: skipping {name}: {why}", file=sys.stderr)
-    if not cases:
-        print("lltm bench: no row can run here; nothing measured", file=sys.stderr)
-        return 1
 
+
+def _measure(cases: list[rows_mod.Case], args: argparse.Namespace, device: torch.device) -> list[timing.Measurement]:
+    """Both timing methods and the memory of every case, with a progress bar on stderr."""
     from tqdm import tqdm
 
     total = (args.runs + args.rounds) * len(cases)
@@ -137,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix_str(label, refresh=False)
             bar.update(1)
 
-        measured = timing.measure(
+        return timing.measure(
             cases,
             runs=args.runs,
             warmup=args.warmup,
@@ -146,15 +151,18 @@ def run(args: argparse.Namespace) -> int:
             device=device,
             tick=tick,
         )
-    rows = report.results(cases, measured)
-    meta = {
-        "batch_size": args.batch_size,
-        "features": args.features,
-        "state_size": args.state_size,
-        "seq": args.seq,
-        "dtype": str(dtype).replace("torch.", "") + (f" under autocast({args.autocast})" if args.autocast else ""),
-        "device": str(device),
-        "device_name": _device_name(device),
+
+
+def _meta(args: argparse.Namespace, cfg: rows_mod.Config) -> dict:
+    """The run's settings and environment, as the table's header and the JSON give them."""
+    return {
+        "batch_size": cfg.batch_size,
+        "features": cfg.features,
+        "state_size": cfg.state_size,
+        "seq": cfg.seq,
+        "dtype": str(cfg.dtype).replace("torch.", "") + (f" under autocast({args.autocast})" if args.autocast else ""),
+        "device": str(cfg.device),
+        "device_name": device_name(cfg.device),
         "torch": torch.__version__,
         "date": datetime.date.today().isoformat(),
         "runs": args.runs,
@@ -164,6 +172,25 @@ def run(args: argparse.Namespace) -> int:
         "matmul_precision": torch.get_float32_matmul_precision(),
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
     }
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return fail("lltm bench", '--plot needs matplotlib (pip install "lltm[plot]")')
+    cfg = _config(args, _device(args.device))
+    names = args.rows or list(rows_mod.SEQ_DEFAULT if cfg.seq else rows_mod.CELL_DEFAULT)
+    cases, skipped = rows_mod.build(names, cfg)
+    for name, why in skipped.items():
+        print(f"lltm bench: skipping {name}: {why}", file=sys.stderr)
+    if not cases:
+        print("lltm bench: no row can run here; nothing measured", file=sys.stderr)
+        return 1
+    # The peer every row is measured against: the GEMM floor of a cell step, nn.LSTM for a layer.
+    rows = report.results(cases, _measure(cases, args, cfg.device), peer="lstm" if cfg.seq else "gemm")
+    meta = _meta(args, cfg)
     print(report.format_table(rows, meta, skipped))
     if args.json:
         report.write_json(args.json, rows, meta, skipped)

@@ -1,7 +1,15 @@
 """What `lltm bench` prints and writes: the table, the JSON, the plot.
 
-Every derived number (medians, speed-ups, ratios to a peer) is computed once,
-in :func:`results`, and the table, the JSON and the plot read it from there.
+Every derived number (medians, speed-ups, ratios to a peer, the agreement of
+the two clocks) is computed once, in :func:`results`, and the table, the
+JSON and the plot read it from there.
+
+The two methods time the same passes, so their medians agree on a quiet
+machine. A row whose Timer and host-clock medians differ by more than
+DISAGREEMENT times (another process took the cores during one of them) is
+marked `!` in the table and `"clocks_disagree": true` in the JSON, and so is
+every ratio taken from it: such a number says more about the machine than
+about the row.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from lltm.bench.cases import Case
 from lltm.bench.timing import Measurement
 
 US = 1e6
+DISAGREEMENT = 2.0  # Timer vs host-clock median, either way, forward or backward
+MARK = "!"
 
 
 @dataclass
@@ -30,6 +40,17 @@ class Result:
     speedup_fwd: Optional[float] = None  # over the python row, Timer medians
     speedup_bwd: Optional[float] = None
     speedup_total: Optional[float] = None
+    speedup_suspect: bool = False  # taken from a row whose clocks disagree (this one or python)
+    # time over the peer row's (gemm in cell mode, lstm with --seq), Timer medians
+    peer: Optional[str] = None
+    peer_ratio_fwd: Optional[float] = None
+    peer_ratio_bwd: Optional[float] = None
+    peer_ratio_total: Optional[float] = None
+    peer_ratio_suspect: bool = False
+    # Timer median over host-clock median (forward, backward), and whether one is off by > DISAGREEMENT
+    clock_ratio_fwd: Optional[float] = None
+    clock_ratio_bwd: Optional[float] = None
+    clocks_disagree: bool = False
     saved_bytes: Optional[int] = None  # saved for backward, parameters left out
     peak_bytes: Optional[int] = None  # CUDA: peak of one forward + backward
     extra: dict = field(default_factory=dict)
@@ -43,7 +64,19 @@ def _ratio(num: float, den: float) -> Optional[float]:
     return num / den if den > 0 else None
 
 
-def results(cases: list[Case], measured: list[Measurement]) -> list[Result]:
+def _disagree(ratio: Optional[float]) -> bool:
+    return ratio is None or not 1 / DISAGREEMENT <= ratio <= DISAGREEMENT
+
+
+def _compare_clocks(r: Result) -> None:
+    r.clock_ratio_fwd = _ratio(r.timer_fwd_us, r.fwd_median_us)
+    r.clock_ratio_bwd = _ratio(r.timer_bwd_us, r.bwd_median_us)
+    r.clocks_disagree = _disagree(r.clock_ratio_fwd) or _disagree(r.clock_ratio_bwd)
+
+
+def results(cases: list[Case], measured: list[Measurement], peer: Optional[str] = None) -> list[Result]:
+    """One Result per case, with every derived number; `peer` names the row
+    the others are measured against (gemm in cell mode, lstm with --seq)."""
     out = []
     for case, m in zip(cases, measured):
         rounds = [(f * US, b * US) for f, b in m.timer_rounds_s]
@@ -62,17 +95,30 @@ def results(cases: list[Case], measured: list[Measurement]) -> list[Result]:
                 extra={"timer_rounds_us": [[round(f, 2), round(b, 2)] for f, b in rounds]},
             )
         )
+    for r in out:
+        _compare_clocks(r)
     base = next((r for r in out if r.name == "python"), None)
     if base is not None:
         for r in out:
             r.speedup_fwd = _ratio(base.timer_fwd_us, r.timer_fwd_us)
             r.speedup_bwd = _ratio(base.timer_bwd_us, r.timer_bwd_us)
             r.speedup_total = _ratio(base.timer_total_us, r.timer_total_us)
+            r.speedup_suspect = r.clocks_disagree or base.clocks_disagree
+    ref = next((r for r in out if r.name == peer), None)
+    if ref is not None:
+        for r in out:
+            if r is ref:
+                continue
+            r.peer = ref.name
+            r.peer_ratio_fwd = _ratio(r.timer_fwd_us, ref.timer_fwd_us)
+            r.peer_ratio_bwd = _ratio(r.timer_bwd_us, ref.timer_bwd_us)
+            r.peer_ratio_total = _ratio(r.timer_total_us, ref.timer_total_us)
+            r.peer_ratio_suspect = r.clocks_disagree or ref.clocks_disagree
     return out
 
 
-def _fmt(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x:.2f}"
+def _fmt(x: Optional[float], suspect: bool = False) -> str:
+    return "-" if x is None else f"{x:.2f}" + (MARK if suspect else "")
 
 
 def _bytes(n: Optional[int]) -> str:
@@ -95,27 +141,31 @@ def format_table(rows: list[Result], meta: dict, skipped: dict[str, str]) -> str
     lines.append("-" * len(lines[0]))
     for r in rows:
         vals = (
-            r.name,
+            r.name + (MARK if r.clocks_disagree else ""),
             *(f"{v:.1f}" for v in (r.fwd_median_us, r.fwd_min_us, r.bwd_median_us, r.bwd_min_us)),
             *(f"{v:.1f}" for v in (r.timer_fwd_us, r.timer_bwd_us)),
-            *(_fmt(v) for v in (r.speedup_fwd, r.speedup_bwd, r.speedup_total)),
+            *(_fmt(v, r.speedup_suspect) for v in (r.speedup_fwd, r.speedup_bwd, r.speedup_total)),
         )
         lines.append(" | ".join(f"{v:>10}" for v in vals))
     foot = ["times in µs; x = speed-up over python (Timer medians), higher is faster"]
-    # The peer every row is measured against: the GEMM floor of a cell step,
-    # nn.LSTM for a layer.
-    peer = next((r for r in rows if r.name == ("lstm" if seq else "gemm")), None)
-    if peer is not None:
+    with_peer = [r for r in rows if r.peer is not None]
+    if with_peer:
         foot.append(
-            f"time / {peer.name} (Timer medians): "
+            f"time / {with_peer[0].peer} (Timer medians): "
             + ", ".join(
-                f"{r.name} fwd {_fmt(_ratio(r.timer_fwd_us, peer.timer_fwd_us))} "
-                f"bwd {_fmt(_ratio(r.timer_bwd_us, peer.timer_bwd_us))} "
-                f"f+b {_fmt(_ratio(r.timer_total_us, peer.timer_total_us))}"
-                for r in rows
-                if r is not peer
+                f"{r.name} fwd {_fmt(r.peer_ratio_fwd, r.peer_ratio_suspect)} "
+                f"bwd {_fmt(r.peer_ratio_bwd, r.peer_ratio_suspect)} "
+                f"f+b {_fmt(r.peer_ratio_total, r.peer_ratio_suspect)}"
+                for r in with_peer
             )
         )
+    for r in rows:
+        if r.clocks_disagree:
+            foot.append(
+                f"{MARK} {r.name}: the Timer and host-clock medians disagree by more than {DISAGREEMENT:g}x "
+                f"(Timer / host clock: fwd {_fmt(r.clock_ratio_fwd)}, bwd {_fmt(r.clock_ratio_bwd)}): the machine "
+                f"was busy during one of them; the numbers marked {MARK} are not to be trusted (rerun)"
+            )
     if any(r.saved_bytes is not None or r.peak_bytes is not None for r in rows):
         foot.append(
             "memory (saved for backward, parameters left out"

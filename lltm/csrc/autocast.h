@@ -1,6 +1,6 @@
 // Autocast rules of the forward operators, for every backend and a given
 // autocast device (registered for CPU in autocast_cpu.cpp, for CUDA in
-// cuda/autocast.cu).
+// autocast_cuda.cu).
 //
 // Under torch.autocast the cell and the layer run in the autocast dtype
 // (bfloat16 or float16, whatever the context asks for), like nn.Linear and
@@ -19,19 +19,11 @@
 
 #include <string>
 
-#include "autograd_common.h"
+#include "backends.h"
 #include "lltm.h"
 
 namespace lltm {
 namespace autocast_detail {
-
-using OptTensor = std::optional<at::Tensor>;
-using CellSig = CellForwardResult(const at::Tensor&, const at::Tensor&,
-                                  const OptTensor&, const at::Tensor&,
-                                  const at::Tensor&);
-using SeqSig = SeqForwardResult(const at::Tensor&, const at::Tensor&,
-                                const OptTensor&, const at::Tensor&,
-                                const at::Tensor&, const OptTensor&);
 
 template <c10::DeviceType kDevice, typename T>
 T cast(const T& t) {
@@ -53,7 +45,7 @@ CellForwardResult cell_autocast(const at::Tensor& input,
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow(op_name(kBackend, "cell_forward").c_str(), "")
-          .typed<CellSig>();
+          .typed<CellForwardSig>();
   c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key<kDevice>());
   return op.call(cast<kDevice>(input), cast<kDevice>(weights),
                  cast<kDevice>(bias), cast<kDevice>(old_h),
@@ -68,7 +60,7 @@ SeqForwardResult seq_autocast(const at::Tensor& input,
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow(op_name(kBackend, "seq_forward").c_str(), "")
-          .typed<SeqSig>();
+          .typed<SeqForwardSig>();
   c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key<kDevice>());
   return op.call(cast<kDevice>(input), cast<kDevice>(weights),
                  cast<kDevice>(bias), cast<kDevice>(h0), cast<kDevice>(c0),
@@ -80,7 +72,7 @@ template <c10::DeviceType kDevice>
 void register_autocast(torch::Library& m) {
   for_each_backend([&](auto backend) {
     constexpr std::size_t b = decltype(backend)::value;
-    const std::string name = kCompiledBackends[b];
+    const std::string name = backend_name(b);
     m.impl((name + "_cell_forward").c_str(), &cell_autocast<kDevice, b>);
     m.impl((name + "_seq_forward").c_str(), &seq_autocast<kDevice, b>);
   });

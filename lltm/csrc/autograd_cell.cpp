@@ -19,14 +19,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-using ForwardSig = CellForwardResult(const at::Tensor&, const at::Tensor&,
-                                     const std::optional<at::Tensor>&,
-                                     const at::Tensor&, const at::Tensor&);
-using BackwardSig = CellBackwardResult(const at::Tensor&, const at::Tensor&,
-                                       const at::Tensor&, const at::Tensor&,
-                                       const at::Tensor&, const at::Tensor&,
-                                       const at::Tensor&, OutputMask);
-
 template <std::size_t kBackend>
 class CellFunction : public torch::autograd::Function<CellFunction<kBackend>> {
  public:
@@ -38,7 +30,7 @@ class CellFunction : public torch::autograd::Function<CellFunction<kBackend>> {
     static const auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow(op_name(kBackend, "cell_forward").c_str(), "")
-            .template typed<ForwardSig>();
+            .template typed<CellForwardSig>();
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [new_h, new_cell, gates] =
         op.call(input, weights, bias, old_h, old_cell);
@@ -56,7 +48,7 @@ class CellFunction : public torch::autograd::Function<CellFunction<kBackend>> {
     static const auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow(op_name(kBackend, "cell_backward").c_str(), "")
-            .template typed<BackwardSig>();
+            .template typed<CellBackwardSig>();
     const auto saved = ctx->get_saved_variables();
     // grads[0..1]: new_h, new_cell (undefined when unused);
     // grads[2] belongs to the non-differentiable gates and is ignored.
@@ -95,7 +87,7 @@ CellForwardResult cell_forward_autograd(const at::Tensor& input,
 TORCH_LIBRARY_IMPL(lltm, Autograd, m) {
   lltm::for_each_backend([&](auto backend) {
     constexpr std::size_t b = decltype(backend)::value;
-    m.impl((std::string(lltm::kCompiledBackends[b]) + "_cell_forward").c_str(),
+    m.impl((lltm::backend_name(b) + "_cell_forward").c_str(),
            &lltm::cell_forward_autograd<b>);
   });
 }

@@ -9,7 +9,6 @@
 #include <memory>
 #include <string>
 #include <tuple>
-#include <utility>
 
 #include "backends.h"
 #include "lltm.h"
@@ -25,7 +24,7 @@ inline torch::autograd::variable_list once_differentiable(
     torch::autograd::variable_list grads, std::size_t backend) {
   if (!at::GradMode::is_enabled()) return grads;
   const std::string msg =
-      std::string("lltm: backend '") + kCompiledBackends[backend] +
+      "lltm: backend '" + backend_name(backend) +
       "' does not support double backward (differentiating its gradients, "
       "e.g. create_graph=True then backward again, or a Hessian); use "
       "backend='python' for that";
@@ -65,17 +64,6 @@ inline torch::autograd::variable_list asked_only(
     if (!mask[i]) out[i] = at::Tensor();
   }
   return out;
-}
-
-// Calls f(std::integral_constant<std::size_t, I>{}) for every backend index.
-template <typename F, std::size_t... I>
-void for_each_backend_impl(F&& f, std::index_sequence<I...>) {
-  (f(std::integral_constant<std::size_t, I>{}), ...);
-}
-template <typename F>
-void for_each_backend(F&& f) {
-  for_each_backend_impl(std::forward<F>(f),
-                        std::make_index_sequence<kNumCompiledBackends>{});
 }
 
 }  // namespace lltm

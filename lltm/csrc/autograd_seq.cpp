@@ -16,17 +16,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-using OptTensor = std::optional<at::Tensor>;
-
-using ForwardSig = SeqForwardResult(const at::Tensor&, const at::Tensor&,
-                                    const OptTensor&, const at::Tensor&,
-                                    const at::Tensor&, const OptTensor&);
-using BackwardSig = SeqBackwardResult(const OptTensor&, const OptTensor&,
-                                      const OptTensor&, const at::Tensor&,
-                                      const at::Tensor&, const at::Tensor&,
-                                      const at::Tensor&, const at::Tensor&,
-                                      const at::Tensor&, const OptTensor&,
-                                      OutputMask);
 
 OptTensor defined_or_none(const at::Tensor& t) {
   return t.defined() ? OptTensor(t) : std::nullopt;
@@ -42,7 +31,7 @@ class SeqFunction : public torch::autograd::Function<SeqFunction<kBackend>> {
     static const auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow(op_name(kBackend, "seq_forward").c_str(), "")
-            .template typed<ForwardSig>();
+            .template typed<SeqForwardSig>();
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [output, h_n, c_n, gates] =
         op.call(input, weights, bias, h0, c0, lengths);
@@ -61,7 +50,7 @@ class SeqFunction : public torch::autograd::Function<SeqFunction<kBackend>> {
     static const auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow(op_name(kBackend, "seq_backward").c_str(), "")
-            .template typed<BackwardSig>();
+            .template typed<SeqBackwardSig>();
     const auto saved = ctx->get_saved_variables();
     const OutputMask mask = needed_gradients(ctx);
     variable_list out;
@@ -98,7 +87,7 @@ SeqForwardResult seq_forward_autograd(const at::Tensor& input,
 TORCH_LIBRARY_IMPL(lltm, Autograd, m) {
   lltm::for_each_backend([&](auto backend) {
     constexpr std::size_t b = decltype(backend)::value;
-    m.impl((std::string(lltm::kCompiledBackends[b]) + "_seq_forward").c_str(),
+    m.impl((lltm::backend_name(b) + "_seq_forward").c_str(),
            &lltm::seq_forward_autograd<b>);
   });
 }

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <array>
 #include <optional>
@@ -52,6 +53,60 @@ using SeqForwardResult =
 // for the cell.
 using SeqBackwardResult = CellBackwardResult;
 
+// The operators' C++ signatures, as the schemas in ops.cpp declare them
+// (typed dispatcher handles in the autograd and autocast kernels use them).
+using OptTensor = std::optional<at::Tensor>;
+using CellForwardSig = CellForwardResult(const at::Tensor& input,
+                                         const at::Tensor& weights,
+                                         const OptTensor& bias,
+                                         const at::Tensor& old_h,
+                                         const at::Tensor& old_cell);
+using CellBackwardSig = CellBackwardResult(
+    const at::Tensor& grad_h, const at::Tensor& grad_cell,
+    const at::Tensor& new_cell, const at::Tensor& gates,
+    const at::Tensor& input, const at::Tensor& weights,
+    const at::Tensor& old_h, OutputMask output_mask);
+using SeqForwardSig = SeqForwardResult(const at::Tensor& input,
+                                       const at::Tensor& weights,
+                                       const OptTensor& bias,
+                                       const at::Tensor& h0,
+                                       const at::Tensor& c0,
+                                       const OptTensor& lengths);
+using SeqBackwardSig = SeqBackwardResult(
+    const OptTensor& grad_output, const OptTensor& grad_h_n,
+    const OptTensor& grad_c_n, const at::Tensor& input,
+    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& c0,
+    const at::Tensor& output, const at::Tensor& gates,
+    const OptTensor& lengths, OutputMask output_mask);
+
+// The prologue of every backward operator: which of the five gradients
+// (input, weights, bias, state h, state c) output_mask asks for, and the
+// outputs of those it does not.
+struct AskedGradients {
+  AskedGradients(const OutputMask& mask, const at::TensorOptions& options)
+      : input(mask[0]), weights(mask[1]), bias(mask[2]), h(mask[3]),
+        c(mask[4]), options(options) {}
+
+  const bool input, weights, bias, h, c;
+  const at::TensorOptions options;
+
+  bool any() const { return input || weights || bias || h || c; }
+  // An output not asked for: an empty (0,) tensor, a fresh one each time
+  // (outputs of an operator must not alias each other).
+  at::Tensor placeholder() const { return at::empty({0}, options); }
+  // A buffer of `shape` for an output asked for, else a placeholder.
+  at::Tensor allocate(bool asked, at::IntArrayRef shape) const {
+    return asked ? at::empty(shape, options) : placeholder();
+  }
+  // The result when nothing is asked for.
+  CellBackwardResult placeholders() const {
+    return {placeholder(), placeholder(), placeholder(), placeholder(),
+            placeholder()};
+  }
+};
+
+// Argument checks (checks.cpp), the mirror of lltm/_checks.py.
+//
 // Validates the arguments of a cell forward: ranks, matching sizes, one
 // floating dtype and one device for all tensors. Errors name the argument,
 // what was expected and what was given. `op` names the caller in messages.
@@ -113,22 +168,24 @@ SeqBackwardResult aten_seq_backward(
     const at::Tensor& output, const at::Tensor& gates,
     const std::optional<at::Tensor>& lengths, OutputMask output_mask);
 
+// Shared by the sequence backward operators (seq_shared.cpp):
+//
+// The cell states c_t (T, B, S) of a layer from c0 (B, S) and its saved
+// activated gates (T, B, 3S): c0 + the running sum over t of candidate *
+// input_gate, in the forward's order (zero gates past a row's length, so c
+// carries over there), summed in float for half and bfloat16. One walk over
+// t per batch row on CPU, a kernel on CUDA (seq_cells_cuda), ATen's cumsum
+// on other devices.
+at::Tensor seq_cells(const at::Tensor& c0, const at::Tensor& gates);
+
 // After a layer's reverse-time loop: grad_input (T, B, I), grad_weights
 // (3S, S + I) and grad_bias (3S,) from d_pre (T, B, 3S), the gradient of
 // every step's gate pre-activations, as one GEMM / reduction each over all
-// T*B rows, with ATen ops (aten/seq_aten.cpp; the fused CPU backend uses it
-// too). An output not asked for is an empty (0,) placeholder.
-// The cell states c_t (T, B, S) of a layer from c0 (B, S) and its saved
-// activated gates (T, B, 3S): c0 + the running sum over t of candidate *
-// input_gate (zero past a row's length, so c carries over there), summed in
-// float for half and bfloat16 (aten/seq_aten.cpp; every backend's backward:
-// a row-wise loop on CPU, a kernel on CUDA, ATen's cumsum elsewhere).
-at::Tensor seq_cells(const at::Tensor& c0, const at::Tensor& gates);
-
+// T*B rows, with ATen ops. An output not asked for is a placeholder.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> seq_parameter_gradients(
     const at::Tensor& d_pre, const at::Tensor& input, const at::Tensor& weights,
-    const at::Tensor& h0, const at::Tensor& output, bool want_input,
-    bool want_weights, bool want_bias);
+    const at::Tensor& h0, const at::Tensor& output,
+    const AskedGradients& asked);
 
 // Fused CUDA backend (cuda/cell_forward.cu, cuda/cell_backward.cu), compiled
 // only with CUDA.

@@ -1,7 +1,9 @@
-// The one place where the lltm operator schemas are declared, for every
-// backend of backends.h. Backends add kernels with TORCH_LIBRARY_IMPL in
-// their own folders; fake (meta) kernels live in lltm/_meta.py and the
-// autograd formulas in autograd_cell.cpp and autograd_seq.cpp.
+// The schemas of the lltm operators, declared once, here: the four of every
+// backend of backends.h, and the queries of how the library was built (one
+// more, _fused_cpu_capability, is declared beside the code it reports on, in
+// cpu/pointwise.cpp). Backends add kernels with TORCH_LIBRARY_IMPL in their
+// own folders; fake (meta) kernels live in lltm/_meta.py and the autograd
+// formulas in autograd_cell.cpp and autograd_seq.cpp.
 #include <Python.h>
 #include <torch/library.h>
 
@@ -61,14 +63,18 @@ void define_backend(torch::Library& m, const std::string& b) {
 }
 
 std::vector<std::string> compiled_backends() {
-  return {lltm::kCompiledBackends.begin(), lltm::kCompiledBackends.end()};
+  std::vector<std::string> names;
+  for (std::size_t b = 0; b < lltm::kNumCompiledBackends; ++b) {
+    names.push_back(lltm::backend_name(b));
+  }
+  return names;
 }
 
 }  // namespace
 
 TORCH_LIBRARY(lltm, m) {
-  for (const char* backend : lltm::kCompiledBackends) {
-    define_backend(m, backend);
+  for (std::size_t b = 0; b < lltm::kNumCompiledBackends; ++b) {
+    define_backend(m, lltm::backend_name(b));
   }
   m.def("_build_info() -> str", &build_info);
   m.def("_compiled_backends() -> str[]", &compiled_backends);

@@ -9,17 +9,17 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from lltm.train import checkpoint
 from lltm.train.ddp import Context
 from lltm.train.model import ModelConfig, SequenceModel, count_parameters
 from lltm.train.tasks import Stats, Task, shard
 
-__all__ = ["Options", "Result", "evaluate", "train_model"]
+__all__ = ["Options", "Result", "build", "evaluate", "train_model", "train_step"]
 
 
 @dataclass
@@ -33,18 +33,23 @@ class Options:
     seed: int = 0
     backend: str = "auto"
     bf16: bool = False
-    compile: bool = False
+    compile: str = ""  # torch.compile mode ("default", "reduce-overhead", ...); "": eager
     log_every: int = 10
     eval_every: int = 50
     ckpt_every: int = 100
     keep: int = 3
     resume: bool = False
     progress: bool = True
+    warmup_steps: int = 5  # this process's first steps, timed apart (compilation, first-call costs)
 
 
 @dataclass
 class Result:
-    """What one run ended with; speeds count this process's steps and training time only."""
+    """What one run ended with. Speeds count this process's own steps and
+    training time only; the first `warmup_steps` of them (compilation,
+    first-call allocations and kernel choices) are timed apart, and
+    steps_per_s / tokens_per_s are those of the steps after them (None when
+    there were none)."""
 
     kind: str
     hidden: int
@@ -53,8 +58,10 @@ class Result:
     train_loss: float
     eval_loss: float
     eval_acc: float
-    steps_per_s: float
-    tokens_per_s: float
+    steps_per_s: Optional[float]
+    tokens_per_s: Optional[float]
+    warmup_steps: int
+    warmup_s: float
     metrics: str
 
 
@@ -118,135 +125,218 @@ def _sync(ctx: Context) -> None:
         torch.cuda.synchronize(ctx.device)
 
 
-def train_model(
-    opts: Options,
-    ctx: Context,
-    task: Task,
-    cfg: ModelConfig,
-    metrics_path: str,
-    ckpt_dir: str | None,
-) -> Result:
-    """Train one model for opts.steps global steps (counting the steps of the
-    checkpoint it resumes from) and return how it ended."""
+class _Clock:
+    """Training time only: laps end where the device has finished (after a
+    sync or a value read back), and the clock stops while evaluating and
+    saving. The first `warmup` steps of this process are timed apart."""
+
+    def __init__(self, ctx: Context, warmup: int, train_time: float) -> None:
+        self.ctx, self.warmup = ctx, warmup
+        self.train_time = train_time  # of the whole run, resumed runs included
+        self.own = self.window = self.warmup_s = 0.0
+        self.steps = self.window_steps = 0
+        self.mark = time.perf_counter()
+
+    def lap(self) -> None:
+        now = time.perf_counter()
+        for key in ("own", "window", "train_time"):
+            setattr(self, key, getattr(self, key) + now - self.mark)
+        self.mark = now
+
+    def pause(self) -> None:
+        _sync(self.ctx)
+        self.lap()
+
+    def resume(self) -> None:
+        self.mark = time.perf_counter()
+
+    def step_done(self) -> bool:
+        """Counts a step; True when it ends the warm-up (the time so far is then its time)."""
+        self.steps += 1
+        self.window_steps += 1
+        if self.steps != self.warmup:
+            return False
+        self.pause()
+        self.warmup_s = self.own
+        return True
+
+    def end_window(self) -> float:
+        """Seconds of the steps since the last call (the caller read a value back)."""
+        self.lap()
+        span = max(self.window, 1e-9)
+        self.window, self.window_steps = 0.0, 0
+        return span
+
+    def summary(self) -> tuple[Optional[float], int, float]:
+        """(steady-state steps per second or None, warm-up steps, warm-up seconds)."""
+        if self.steps <= self.warmup:  # the run ended within its warm-up
+            return None, self.steps, self.own
+        return (self.steps - self.warmup) / max(self.own - self.warmup_s, 1e-9), self.warmup, self.warmup_s
+
+
+def build(opts: Options, ctx: Context, cfg: ModelConfig) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(opts.seed)  # the same initial weights on every rank and in every rerun
     model = SequenceModel(cfg, dropout=opts.dropout, backend=opts.backend).to(ctx.device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=opts.lr)
-    config = {"model": cfg.as_dict(), "task": task.describe()}
-    start, train_time, resumed_at = 0, 0.0, None
-    _seed_rank(opts.seed, 0, ctx.rank)
+    return model, torch.optim.Adam(model.parameters(), lr=opts.lr)
 
+
+def _restore(opts: Options, ctx: Context, cfg: ModelConfig, config: dict, model: nn.Module,
+             optimizer: torch.optim.Optimizer, ckpt_dir: Optional[str]) -> tuple[int, float, Optional[int]]:
+    """Loads the newest checkpoint when resuming. Returns (start step, training
+    time so far, the step resumed at or None)."""
+    _seed_rank(opts.seed, 0, ctx.rank)
     existing = checkpoint.list_checkpoints(ckpt_dir) if ckpt_dir else []
     if existing and not opts.resume:
         raise FileExistsError(
             f"lltm train: {ckpt_dir} already holds checkpoints (up to step {existing[-1][0]}); "
             "pass --resume to continue that run, or choose another --ckpt directory"
         )
-    if opts.resume and ckpt_dir:
-        loaded = checkpoint.load_latest(ckpt_dir)
-        if loaded is None:
-            if ctx.is_main:
-                print(f"lltm train: no checkpoint in {ckpt_dir}; starting from step 0")
-        else:
-            path, state = loaded
-            checkpoint.check_config(path, {**state["config"]["model"], **state["config"]["task"]},
-                                    {**config["model"], **config["task"]})
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            start = resumed_at = int(state["step"])
-            train_time = float(state["train_time"])
-            rngs = state["rng"]
-            if len(rngs) == ctx.world:
-                checkpoint.set_rng(rngs[ctx.rank], ctx.device)
-            else:
-                # Another rank count: the data stream is the same (a function of the step), but
-                # dropout masks cannot be, so each rank starts a fresh stream from the step.
-                _seed_rank(opts.seed, start, ctx.rank)
-            if ctx.is_main:
-                print(f"lltm train: resumed {cfg.kind} from {path} (step {start}, {len(rngs)} rank(s) then, "
-                      f"{ctx.world} now)")
+    if not (opts.resume and ckpt_dir):
+        return 0, 0.0, None
+    loaded = checkpoint.load_latest(ckpt_dir)
+    if loaded is None:
+        if ctx.is_main:
+            print(f"lltm train: no checkpoint in {ckpt_dir}; starting from step 0")
+        return 0, 0.0, None
+    path, state = loaded
+    checkpoint.check_config(path, {**state["config"]["model"], **state["config"]["task"]},
+                            {**config["model"], **config["task"]})
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    start = int(state["step"])
+    rngs = state["rng"]
+    if len(rngs) == ctx.world:
+        checkpoint.set_rng(rngs[ctx.rank], ctx.device)
+    else:
+        # Another rank count: the data stream is the same (a function of the step), but
+        # dropout masks cannot be, so each rank starts a fresh stream from the step.
+        _seed_rank(opts.seed, start, ctx.rank)
+    if ctx.is_main:
+        print(f"lltm train: resumed {cfg.kind} from {path} (step {start}, {len(rngs)} rank(s) then, "
+              f"{ctx.world} now)")
+    return start, float(state["train_time"]), start
 
+
+def train_step(net: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer, task: Task, ctx: Context,
+                opts: Options, step: int) -> Tensor:
+    """One optimisation step on this rank's shard of the step's batch; returns the loss (not read back)."""
+    x, y = task.train_batch(step)
+    x = shard(x, ctx.rank, ctx.world).to(ctx.device, non_blocking=True)
+    y = shard(y, ctx.rank, ctx.world).to(ctx.device, non_blocking=True)
+    with _autocast(ctx, opts.bf16):
+        out = net(x)
+    loss = task.loss(out, y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if opts.clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), opts.clip)
+    optimizer.step()
+    return loss.detach()
+
+
+class _Run:
+    """One model's training after set-up: what each step reports, evaluates and saves."""
+
+    def __init__(self, opts: Options, ctx: Context, task: Task, cfg: ModelConfig, model: nn.Module,
+                 optimizer: torch.optim.Optimizer, config: dict, metrics: _Metrics, clock: _Clock,
+                 ckpt_dir: Optional[str], start: int) -> None:
+        self.opts, self.ctx, self.task, self.cfg = opts, ctx, task, cfg
+        self.model, self.optimizer, self.config = model, optimizer, config
+        self.metrics, self.clock, self.ckpt_dir = metrics, clock, ckpt_dir
+        self.loss_sum: Optional[Tensor] = None
+        self.train_loss = self.eval_loss = self.eval_acc = float("nan")
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=opts.steps, initial=start, desc=f"{cfg.kind} h={cfg.hidden}",
+                        unit="step", disable=not (ctx.is_main and opts.progress), dynamic_ncols=True)
+
+    def after_step(self, done: int, loss: Tensor) -> None:
+        self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
+        self.bar.update(1)
+        clock = self.clock
+        if clock.step_done():
+            self.metrics.write({"kind": "warmup", "step": done, "steps": clock.steps,
+                                "seconds": round(clock.warmup_s, 4)})
+            clock.resume()
+        last = done == self.opts.steps
+        if done % self.opts.log_every == 0 or last:
+            self._log(done)
+        do_eval = done % self.opts.eval_every == 0 or last
+        do_ckpt = self.ckpt_dir is not None and (done % self.opts.ckpt_every == 0 or last)
+        if do_eval or do_ckpt:
+            clock.pause()
+            if do_eval and self.ctx.is_main:
+                self._evaluate(done)
+            if do_ckpt:
+                self._save(done)
+            clock.resume()
+
+    def _log(self, done: int) -> None:
+        steps = self.clock.window_steps
+        self.train_loss = self.ctx.mean(self.loss_sum / steps).item()  # waits for the device
+        span = self.clock.end_window()
+        tokens = self.task.tokens_per_batch()
+        row = {"kind": "train", "step": done, "loss": self.train_loss, "time": round(self.clock.train_time, 4),
+               "steps_per_s": steps / span, "tokens_per_s": steps * tokens / span}
+        self.metrics.write(row)
+        self.bar.set_postfix(loss=f"{self.train_loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
+        self.loss_sum = None
+
+    def _evaluate(self, done: Optional[int] = None) -> None:
+        res = evaluate(self.model, self.task, self.ctx, self.opts.bf16)
+        self.eval_loss, self.eval_acc = res["loss"], res["acc"]
+        if done is not None:
+            self.metrics.write({"kind": "eval", "step": done, "time": round(self.clock.train_time, 4), **res})
+            self.bar.write(f"{self.cfg.kind} step {done}: held-out loss {self.eval_loss:.4f}, "
+                           f"acc {self.eval_acc:.4f}")
+
+    def _save(self, step: int) -> None:
+        rngs = self.ctx.gather(checkpoint.rng_state(self.ctx.device))  # collective: every rank takes part
+        if self.ctx.is_main:
+            state = {"step": step, "config": self.config, "model": self.model.state_dict(),
+                     "optimizer": self.optimizer.state_dict(), "rng": rngs, "train_time": self.clock.train_time,
+                     "world": self.ctx.world}
+            checkpoint.save(self.ckpt_dir, step, state, self.opts.keep)
+
+    def finish(self, params: int, metrics_path: str) -> Result:
+        self.bar.close()
+        if self.clock.steps == 0 and self.ctx.is_main:  # resumed at or past --steps: where the checkpoint stands
+            self._evaluate()
+        self.ctx.barrier()  # rank 0 may still be evaluating or writing
+        rate, warmup_steps, warmup_s = self.clock.summary()
+        return Result(kind=self.cfg.kind, hidden=self.cfg.hidden, params=params, steps=self.opts.steps,
+                      train_loss=self.train_loss, eval_loss=self.eval_loss, eval_acc=self.eval_acc,
+                      steps_per_s=rate, tokens_per_s=None if rate is None else rate * self.task.tokens_per_batch(),
+                      warmup_steps=warmup_steps, warmup_s=warmup_s, metrics=metrics_path)
+
+
+def train_model(
+    opts: Options,
+    ctx: Context,
+    task: Task,
+    cfg: ModelConfig,
+    metrics_path: str,
+    ckpt_dir: Optional[str],
+) -> Result:
+    """Train one model for opts.steps global steps (counting the steps of the
+    checkpoint it resumes from) and return how it ended."""
+    model, optimizer = build(opts, ctx, cfg)
+    config = {"model": cfg.as_dict(), "task": task.describe()}
+    start, train_time, resumed_at = _restore(opts, ctx, cfg, config, model, optimizer, ckpt_dir)
     net = ctx.wrap(model)
     if opts.compile:
-        net = torch.compile(net)
+        net = torch.compile(net, mode=None if opts.compile == "default" else opts.compile)
     metrics = _Metrics(metrics_path, ctx.is_main, resumed_at)
     params = count_parameters(cfg)
     metrics.write({"kind": "config", "step": start, "world": ctx.world, "params": params, "device": str(ctx.device),
-                   "bf16": opts.bf16, "compile": opts.compile, "lr": opts.lr, "batch": task.batch,
+                   "bf16": opts.bf16, "compile": opts.compile or False, "lr": opts.lr, "batch": task.batch,
                    "seq_len": task.seq_len, "torch": torch.__version__, "model": cfg.kind,
+                   "warmup_steps": opts.warmup_steps,
                    **{k: v for k, v in config["model"].items() if k != "kind"}, **config["task"]})
-
-    def save(step: int) -> None:
-        rngs = ctx.gather(checkpoint.rng_state(ctx.device))  # collective: every rank takes part
-        if ctx.is_main:
-            state = {"step": step, "config": config, "model": model.state_dict(),
-                     "optimizer": optimizer.state_dict(), "rng": rngs, "train_time": train_time, "world": ctx.world}
-            checkpoint.save(ckpt_dir, step, state, opts.keep)
-
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=opts.steps, initial=start, desc=f"{cfg.kind} h={cfg.hidden}", unit="step",
-               disable=not (ctx.is_main and opts.progress), dynamic_ncols=True)
-    tokens = task.tokens_per_batch()
-    loss_sum, window_steps, own_steps = None, 0, 0
-    train_loss = eval_loss = eval_acc = float("nan")
-    clock = {"mark": time.perf_counter(), "own": 0.0, "window": 0.0}
-
-    def lap() -> None:
-        # Training time only: the clock is read after the device has finished, and stops
-        # while evaluating and saving.
-        nonlocal train_time
-        now = time.perf_counter()
-        for key in ("own", "window"):
-            clock[key] += now - clock["mark"]
-        train_time += now - clock["mark"]
-        clock["mark"] = now
-
+    clock = _Clock(ctx, opts.warmup_steps, train_time)
+    run = _Run(opts, ctx, task, cfg, model, optimizer, config, metrics, clock, ckpt_dir, start)
     model.train()
+    run.clock.resume()
     for step in range(start, opts.steps):
-        x, y = task.train_batch(step)
-        x = shard(x, ctx.rank, ctx.world).to(ctx.device, non_blocking=True)
-        y = shard(y, ctx.rank, ctx.world).to(ctx.device, non_blocking=True)
-        with _autocast(ctx, opts.bf16):
-            out = net(x)
-        loss = task.loss(out, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if opts.clip > 0:
-            nn.utils.clip_grad_norm_(model.parameters(), opts.clip)
-        optimizer.step()
-        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-        window_steps += 1
-        own_steps += 1
-        done = step + 1
-        bar.update(1)
-        last = done == opts.steps
-        if done % opts.log_every == 0 or last:
-            train_loss = ctx.mean(loss_sum / window_steps).item()  # waits for the device
-            lap()
-            span = max(clock["window"], 1e-9)
-            row = {"kind": "train", "step": done, "loss": train_loss, "time": round(train_time, 4),
-                   "steps_per_s": window_steps / span, "tokens_per_s": window_steps * tokens / span}
-            metrics.write(row)
-            bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
-            loss_sum, window_steps, clock["window"] = None, 0, 0.0
-        do_eval = done % opts.eval_every == 0 or last
-        do_ckpt = ckpt_dir is not None and (done % opts.ckpt_every == 0 or last)
-        if do_eval or do_ckpt:
-            _sync(ctx)
-            lap()
-            if do_eval and ctx.is_main:
-                res = evaluate(model, task, ctx, opts.bf16)
-                eval_loss, eval_acc = res["loss"], res["acc"]
-                metrics.write({"kind": "eval", "step": done, "time": round(train_time, 4), **res})
-                bar.write(f"{cfg.kind} step {done}: held-out loss {eval_loss:.4f}, acc {eval_acc:.4f}")
-            if do_ckpt:
-                save(done)
-            clock["mark"] = time.perf_counter()
-    bar.close()
-    if own_steps == 0 and ctx.is_main:  # resumed at or past --steps: report where the checkpoint stands
-        res = evaluate(model, task, ctx, opts.bf16)
-        eval_loss, eval_acc = res["loss"], res["acc"]
-    ctx.barrier()  # rank 0 may still be evaluating or writing
-    return Result(kind=cfg.kind, hidden=cfg.hidden, params=params, steps=opts.steps, train_loss=train_loss,
-                  eval_loss=eval_loss, eval_acc=eval_acc, steps_per_s=own_steps / max(clock["own"], 1e-9),
-                  tokens_per_s=own_steps * tokens / max(clock["own"], 1e-9), metrics=metrics_path)
+        run.after_step(step + 1, train_step(net, model, optimizer, task, ctx, opts, step))
+    return run.finish(params, metrics_path)

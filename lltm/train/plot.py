@@ -5,6 +5,15 @@ from __future__ import annotations
 import json
 
 
+def plot_available() -> bool:
+    """matplotlib is an optional dependency (the "plot" extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def read_metrics(path: str) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]

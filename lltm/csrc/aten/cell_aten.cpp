@@ -50,13 +50,8 @@ CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
                                       OutputMask output_mask) {
   check_cell_backward_args("lltm::aten_cell_backward", grad_h, grad_cell,
                            new_cell, gates, input, weights, old_h);
-  // Placeholder for an output not asked for; a fresh one each time, since
-  // outputs of an operator must not alias each other.
-  const auto not_asked = [&] { return at::empty({0}, gates.options()); };
-  if (!(output_mask[0] || output_mask[1] || output_mask[2] ||
-        output_mask[3] || output_mask[4])) {
-    return {not_asked(), not_asked(), not_asked(), not_asked(), not_asked()};
-  }
+  const AskedGradients asked(output_mask, gates.options());
+  if (!asked.any()) return asked.placeholders();
   const int64_t state = weights.size(0) / 3;
   const int64_t features = input.size(1);
   const at::Tensor input_gate = gates.narrow(1, 0, state);
@@ -91,22 +86,22 @@ CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
   // Backward's GEMMs run only for the gradients asked for: inside a model
   // the input often needs none, and they are most of backward's work.
   at::Tensor grad_input, grad_old_h;
-  if (output_mask[0] && output_mask[3]) {
+  if (asked.input && asked.h) {
     const at::Tensor dX = d_pre.mm(weights);
     // clone, not contiguous(): an empty or single-column slice counts as
     // contiguous and would come back as a view of dX.
     grad_old_h = dX.narrow(1, 0, state).clone(at::MemoryFormat::Contiguous);
     grad_input = dX.narrow(1, state, features).clone(at::MemoryFormat::Contiguous);
   } else {
-    grad_input = output_mask[0] ? d_pre.mm(weights.narrow(1, state, features)) : not_asked();
-    grad_old_h = output_mask[3] ? d_pre.mm(weights.narrow(1, 0, state)) : not_asked();
+    grad_input = asked.input ? d_pre.mm(weights.narrow(1, state, features)) : asked.placeholder();
+    grad_old_h = asked.h ? d_pre.mm(weights.narrow(1, 0, state)) : asked.placeholder();
   }
   // dW = d_pre^T X with X = [old_h | input] rebuilt (B (S + I) elements
   // copied for a GEMM of 3S times that), one GEMM instead of two.
   at::Tensor grad_weights =
-      output_mask[1] ? d_pre.t().mm(at::cat({old_h, input}, 1)) : not_asked();
-  at::Tensor grad_bias = output_mask[2] ? d_pre.sum(0) : not_asked();
-  if (!output_mask[4]) grad_old_cell = not_asked();
+      asked.weights ? d_pre.t().mm(at::cat({old_h, input}, 1)) : asked.placeholder();
+  at::Tensor grad_bias = asked.bias ? d_pre.sum(0) : asked.placeholder();
+  if (!asked.c) grad_old_cell = asked.placeholder();
   return {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};
 }
 

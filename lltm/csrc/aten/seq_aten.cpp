@@ -22,11 +22,6 @@
 // every P and A vanish on those rows, so d_pre = 0 and dc passes through;
 // dh passes through by one extra term per step.
 #include <ATen/ATen.h>
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-
-#include <algorithm>
-#include <vector>
 #include <torch/library.h>
 
 #include "../lltm.h"
@@ -114,97 +109,6 @@ SeqForwardResult aten_seq_forward(const at::Tensor& input,
           c.clone(at::MemoryFormat::Contiguous), gates};
 }
 
-at::Tensor seq_cells(const at::Tensor& c0, const at::Tensor& gates) {
-  const int64_t steps = gates.size(0), batch = gates.size(1),
-                state = gates.size(2) / 3;
-  const c10::ScalarType dtype = gates.scalar_type();
-  if (steps == 0) return at::empty({0, batch, state}, gates.options());
-#ifdef LLTM_WITH_CUDA
-  // at::cumsum over the time dimension waits on memory once per step.
-  if (gates.is_cuda()) return seq_cells_cuda(c0, gates);
-#endif
-  if (gates.is_cpu()) {
-    // Each batch row walks t over contiguous rows of S (at::cumsum over the
-    // time dimension walks every (b, j) column apart, with a stride, and
-    // cost as much as the rest of the backward at T=50, B=16, S=128).
-    const at::Tensor g = gates.contiguous();
-    const at::Tensor c_init = c0.contiguous();
-    at::Tensor cells = at::empty({steps, batch, state}, gates.options());
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kHalf, at::kBFloat16, dtype, "lltm_seq_cells", [&] {
-          using acc_t = at::opmath_type<scalar_t>;
-          const scalar_t* gp = g.const_data_ptr<scalar_t>();
-          const scalar_t* cp = c_init.const_data_ptr<scalar_t>();
-          scalar_t* out = cells.mutable_data_ptr<scalar_t>();
-          const int64_t grain = std::max<int64_t>(1, 32768 / (steps * state + 1));
-          at::parallel_for(0, batch, grain, [&](int64_t begin, int64_t end) {
-            std::vector<acc_t> c(state);
-            for (int64_t b = begin; b < end; ++b) {
-              for (int64_t j = 0; j < state; ++j) c[j] = static_cast<acc_t>(cp[b * state + j]);
-              for (int64_t t = 0; t < steps; ++t) {
-                const scalar_t* i = gp + (t * batch + b) * 3 * state;
-                const scalar_t* candidate = i + 2 * state;
-                scalar_t* c_t = out + (t * batch + b) * state;
-                for (int64_t j = 0; j < state; ++j) {
-                  c[j] = c[j] + static_cast<acc_t>(candidate[j]) * static_cast<acc_t>(i[j]);
-                  c_t[j] = static_cast<scalar_t>(c[j]);
-                }
-              }
-            }
-          });
-        });
-    return cells;
-  }
-  const c10::ScalarType acc = at::toOpMathType(dtype);
-  // c_t = c_{t-1} + candidate_t * input_gate_t, summed in the forward's
-  // order: c0 goes into the first increment, then a running sum over t.
-  at::Tensor increments = gates.narrow(2, 2 * state, state).to(acc) *
-                          gates.narrow(2, 0, state).to(acc);
-  increments[0].add_(c0.to(acc));
-  return at::cumsum(increments, 0).to(dtype);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> seq_parameter_gradients(
-    const at::Tensor& d_pre, const at::Tensor& input, const at::Tensor& weights,
-    const at::Tensor& h0, const at::Tensor& output, bool want_input,
-    bool want_weights, bool want_bias) {
-  const int64_t steps = input.size(0), batch = input.size(1),
-                features = input.size(2), state = weights.size(0) / 3;
-  const auto options = input.options();
-  const auto not_asked = [&] { return at::empty({0}, options); };
-  const at::Tensor d_all = d_pre.reshape({steps * batch, 3 * state});
-  at::Tensor grad_input = not_asked();
-  if (want_input) {
-    grad_input = d_all.mm(weights.narrow(1, state, features))
-                     .view({steps, batch, features});
-  }
-  at::Tensor grad_weights = not_asked();
-  if (want_weights) {
-    grad_weights = at::empty({3 * state, state + features}, options);
-    at::Tensor gw_h = grad_weights.narrow(1, 0, state);
-    at::Tensor gw_x = grad_weights.narrow(1, state, features);
-    // dW_x = sum_t d_pre_t^T x_t: one GEMM over T*B rows
-    at::mm_out(gw_x, d_all.t(), input.reshape({steps * batch, features}));
-    // dW_h = sum_t d_pre_t^T h_{t-1}, h_{t-1} = h0 at t = 0, else the
-    // output of step t - 1 (equal to the carried h on every row still
-    // inside its length, the only rows with d_pre != 0).
-    if (steps == 0) {
-      gw_h.zero_();
-    } else {
-      at::mm_out(gw_h, d_pre[0].t(), h0);
-      if (steps > 1) {
-        gw_h.addmm_(d_pre.narrow(0, 1, steps - 1)
-                        .reshape({(steps - 1) * batch, 3 * state})
-                        .t(),
-                    output.narrow(0, 0, steps - 1)
-                        .reshape({(steps - 1) * batch, state}));
-      }
-    }
-  }
-  at::Tensor grad_bias = want_bias ? d_all.sum(0) : not_asked();
-  return {grad_input, grad_weights, grad_bias};
-}
-
 SeqBackwardResult aten_seq_backward(
     const std::optional<at::Tensor>& grad_output,
     const std::optional<at::Tensor>& grad_h_n,
@@ -215,13 +119,8 @@ SeqBackwardResult aten_seq_backward(
   check_seq_backward_args(kBackwardOp, grad_output, grad_h_n, grad_c_n, input,
                           weights, h0, c0, output, gates, lengths);
   const auto options = input.options();
-  const auto not_asked = [&] { return at::empty({0}, options); };
-  const bool want_input = output_mask[0], want_weights = output_mask[1],
-             want_bias = output_mask[2], want_h0 = output_mask[3],
-             want_c0 = output_mask[4];
-  if (!(want_input || want_weights || want_bias || want_h0 || want_c0)) {
-    return {not_asked(), not_asked(), not_asked(), not_asked(), not_asked()};
-  }
+  const AskedGradients asked(output_mask, options);
+  if (!asked.any()) return asked.placeholders();
   const int64_t steps = input.size(0), batch = input.size(1),
                 state = weights.size(0) / 3;
   const at::Tensor w_h = weights.narrow(1, 0, state);
@@ -267,7 +166,7 @@ SeqBackwardResult aten_seq_backward(
       p_ic[t].mul_(dc_t.unsqueeze(1));
       p_o[t].mul_(gh);
       const at::Tensor dp = d_pre[t];  // (B, 3S)
-      if (t > 0 || want_h0) {
+      if (t > 0 || asked.h) {
         // d h_{t-1} = d_pre W_h (+ gh on rows past their length)
         dh = masked ? at::addmm(gh * unmask[t], dp, w_h) : dp.mm(w_h);
       }
@@ -276,15 +175,15 @@ SeqBackwardResult aten_seq_backward(
   }
 
   auto [grad_input, grad_weights, grad_bias] = seq_parameter_gradients(
-      d_pre, input, weights, h0, output, want_input, want_weights, want_bias);
+      d_pre, input, weights, h0, output, asked);
   // With T = 0 the carried gradients are the incoming ones: copy them, as
   // outputs of an operator must not alias its inputs. Otherwise they are
   // results of the loop.
   const auto fresh = [&](const at::Tensor& g) {
     return steps == 0 ? g.clone(at::MemoryFormat::Contiguous) : g.contiguous();
   };
-  at::Tensor grad_h0 = want_h0 ? fresh(dh) : not_asked();
-  at::Tensor grad_c0 = want_c0 ? fresh(dc) : not_asked();
+  at::Tensor grad_h0 = asked.h ? fresh(dh) : asked.placeholder();
+  at::Tensor grad_c0 = asked.c ? fresh(dc) : asked.placeholder();
   return {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
 }
 

@@ -19,6 +19,7 @@
 #include "../lltm.h"
 #include "common.h"
 #include "kernels.h"
+#include "register.h"
 
 namespace lltm {
 namespace {
@@ -73,11 +74,10 @@ CellBackwardResult fused_cell_backward_cpu(const at::Tensor& grad_h,     // (B, 
                                            OutputMask output_mask) {
   check_cell_backward_args("lltm::fused_cell_backward", grad_h, grad_cell, new_cell, gates, input,
                            weights, old_h);
+  const AskedGradients asked(output_mask, input.options());
+  if (!asked.any()) return asked.placeholders();
+  const auto not_asked = [&] { return asked.placeholder(); };
   const auto options = input.options();
-  const auto not_asked = [&] { return at::empty({0}, options); };
-  if (!(output_mask[0] || output_mask[1] || output_mask[2] || output_mask[3] || output_mask[4])) {
-    return {not_asked(), not_asked(), not_asked(), not_asked(), not_asked()};
-  }
   const cpu::Kernels kernels = cpu::kernels_for(input);
   const int64_t batch = input.size(0), features = input.size(1), state = weights.size(0) / 3;
   const auto dtype = input.scalar_type();
@@ -128,21 +128,12 @@ CellBackwardResult fused_cell_backward_cpu(const at::Tensor& grad_h,     // (B, 
           output_mask[4] ? grad_old_cell.to(dtype) : not_asked()};
 }
 
+void register_cell(torch::Library& m) {
+  m.impl("fused_cell_forward", &fused_cell_forward_cpu);
+  m.impl("fused_cell_backward", &fused_cell_backward_cpu);
+}
+
 }  // namespace
 }  // namespace lltm
 
-TORCH_LIBRARY_IMPL(lltm, CPU, m) {
-  m.impl("fused_cell_forward", &lltm::fused_cell_forward_cpu);
-  m.impl("fused_cell_backward", &lltm::fused_cell_backward_cpu);
-}
-
-// A sparse argument sends the call to a sparse dispatch key: the same kernels
-// then reject it in their argument checks, with a message that names it.
-TORCH_LIBRARY_IMPL(lltm, SparseCPU, m) {
-  m.impl("fused_cell_forward", &lltm::fused_cell_forward_cpu);
-  m.impl("fused_cell_backward", &lltm::fused_cell_backward_cpu);
-}
-TORCH_LIBRARY_IMPL(lltm, SparseCsrCPU, m) {
-  m.impl("fused_cell_forward", &lltm::fused_cell_forward_cpu);
-  m.impl("fused_cell_backward", &lltm::fused_cell_backward_cpu);
-}
+LLTM_REGISTER_CPU_KERNELS(lltm::register_cell)

@@ -30,6 +30,7 @@
 #include "../lltm.h"
 #include "common.h"
 #include "kernels.h"
+#include "register.h"
 
 namespace lltm {
 namespace {
@@ -117,12 +118,11 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
   check_seq_backward_args("lltm::fused_seq_backward", grad_output, grad_h_n, grad_c_n, input, weights, h0,
                           c0, output, gates, lengths);
   const auto options = input.options();
-  const auto not_asked = [&] { return at::empty({0}, options); };
-  const bool want_input = output_mask[0], want_weights = output_mask[1], want_bias = output_mask[2],
-             want_h0 = output_mask[3], want_c0 = output_mask[4];
-  if (!(want_input || want_weights || want_bias || want_h0 || want_c0)) {
-    return {not_asked(), not_asked(), not_asked(), not_asked(), not_asked()};
-  }
+  const AskedGradients asked(output_mask, options);
+  if (!asked.any()) return asked.placeholders();
+  const auto not_asked = [&] { return asked.placeholder(); };
+  const bool want_input = asked.input, want_weights = asked.weights, want_bias = asked.bias,
+             want_h0 = asked.h, want_c0 = asked.c;
   const cpu::Kernels kernels = cpu::kernels_for(input);
   const int64_t steps = input.size(0), batch = input.size(1), features = input.size(2),
                 state = weights.size(0) / 3;
@@ -182,8 +182,10 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
 
   at::Tensor grad_input = not_asked(), grad_weights = not_asked();
   if (cpu::bf16_gemm_by_onednn(input)) {
-    std::tie(grad_input, grad_weights, std::ignore) = seq_parameter_gradients(
-        d_pre, input, weights, h0, output, want_input, want_weights, /*want_bias=*/false);
+    // the bias gradient is summed in the time loop
+    const AskedGradients gemms({want_input, want_weights, false, false, false}, options);
+    std::tie(grad_input, grad_weights, std::ignore) =
+        seq_parameter_gradients(d_pre, input, weights, h0, output, gemms);
   } else {
     if (want_input) {
       // dx = d_pre W_x over all T*B rows
@@ -217,21 +219,12 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
           want_h0 ? grad_h0.to(dtype) : not_asked(), want_c0 ? dc.to(dtype) : not_asked()};
 }
 
+void register_seq(torch::Library& m) {
+  m.impl("fused_seq_forward", &fused_seq_forward_cpu);
+  m.impl("fused_seq_backward", &fused_seq_backward_cpu);
+}
+
 }  // namespace
 }  // namespace lltm
 
-TORCH_LIBRARY_IMPL(lltm, CPU, m) {
-  m.impl("fused_seq_forward", &lltm::fused_seq_forward_cpu);
-  m.impl("fused_seq_backward", &lltm::fused_seq_backward_cpu);
-}
-
-// A sparse argument sends the call to a sparse dispatch key: the same kernels
-// then reject it in their argument checks, with a message that names it.
-TORCH_LIBRARY_IMPL(lltm, SparseCPU, m) {
-  m.impl("fused_seq_forward", &lltm::fused_seq_forward_cpu);
-  m.impl("fused_seq_backward", &lltm::fused_seq_backward_cpu);
-}
-TORCH_LIBRARY_IMPL(lltm, SparseCsrCPU, m) {
-  m.impl("fused_seq_forward", &lltm::fused_seq_forward_cpu);
-  m.impl("fused_seq_backward", &lltm::fused_seq_backward_cpu);
-}
+LLTM_REGISTER_CPU_KERNELS(lltm::register_seq)

@@ -16,6 +16,7 @@
 
 #include "../lltm.h"
 #include "blas.h"
+#include "guard.h"
 #include "launch_utils.h"
 #include "pointwise.cuh"
 #include "small_cell.cuh"
@@ -99,26 +100,22 @@ CellBackwardResult fused_cell_backward_cuda(const at::Tensor& grad_h,
                                             OutputMask output_mask) {
   check_cell_backward_args(kOp, grad_h, grad_cell, new_cell, gates, input,
                            weights, old_h);
-  TORCH_CHECK(input.is_cuda(), kOp, ": expected CUDA tensors, but got input on ",
-              input.device());
-  const c10::cuda::CUDAGuard device_guard(input.device());
+  const auto device_guard = cuda_guard(kOp, input);
 
   const int64_t batch = input.size(0);
   const int64_t features = input.size(1);
   const int64_t state = old_h.size(1);
   const int64_t K = state + features;
   const auto options = input.options();
-  const bool want_input = output_mask[0], want_weights = output_mask[1],
-             want_bias = output_mask[2], want_old_h = output_mask[3],
-             want_old_cell = output_mask[4];
-  auto output = [&](bool wanted, at::IntArrayRef shape) {
-    return wanted ? at::empty(shape, options) : at::empty({0}, options);
-  };
-  BackwardOutputs out{output(want_input, {batch, features}),
-                      output(want_weights, {3 * state, K}),
-                      output(want_bias, {3 * state}),
-                      output(want_old_h, {batch, state}),
-                      output(want_old_cell, {batch, state})};
+  const AskedGradients asked(output_mask, options);
+  const bool want_input = asked.input, want_weights = asked.weights,
+             want_bias = asked.bias, want_old_h = asked.h,
+             want_old_cell = asked.c;
+  BackwardOutputs out{asked.allocate(want_input, {batch, features}),
+                      asked.allocate(want_weights, {3 * state, K}),
+                      asked.allocate(want_bias, {3 * state}),
+                      asked.allocate(want_old_h, {batch, state}),
+                      asked.allocate(want_old_cell, {batch, state})};
   auto result = [&]() -> CellBackwardResult {
     return {out.grad_input, out.grad_weights, out.grad_bias, out.grad_old_h,
             out.grad_old_cell};

@@ -15,6 +15,7 @@
 
 #include "../lltm.h"
 #include "blas.h"
+#include "guard.h"
 #include "launch_utils.h"
 #include "pointwise.cuh"
 #include "small_cell.cuh"
@@ -66,9 +67,7 @@ CellForwardResult fused_cell_forward_cuda(const at::Tensor& input,
                                           const at::Tensor& old_h,
                                           const at::Tensor& old_cell) {
   check_cell_forward_args(kOp, input, weights, bias, old_h, old_cell);
-  TORCH_CHECK(input.is_cuda(), kOp, ": expected CUDA tensors, but got input on ",
-              input.device());
-  const c10::cuda::CUDAGuard device_guard(input.device());
+  const auto device_guard = cuda_guard(kOp, input);
 
   const int64_t batch = input.size(0);
   const int64_t features = input.size(1);

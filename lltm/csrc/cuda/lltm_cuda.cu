@@ -2,7 +2,7 @@
 // lltm::fused_cell_{forward,backward} (cell_forward.cu, cell_backward.cu) and
 // lltm::fused_seq_{forward,backward} (seq_forward.cu, seq_backward.cu).
 // Schemas are in ../ops.cpp, autograd in ../autograd_*.cpp, the autocast
-// rules in autocast.cu.
+// rules in ../autocast_cuda.cu.
 #include <torch/library.h>
 
 #include <string>

@@ -25,6 +25,7 @@
 
 #include "../lltm.h"
 #include "blas.h"
+#include "guard.h"
 #include "launch_utils.h"
 #include "seq_graph.h"
 #include "seq_persistent.h"
@@ -152,31 +153,24 @@ SeqBackwardResult fused_seq_backward_cuda(
     const std::optional<at::Tensor>& lengths, OutputMask output_mask) {
   check_seq_backward_args(kOp, grad_output, grad_h_n, grad_c_n, input, weights,
                           h0, c0, output, gates, lengths);
-  TORCH_CHECK(input.is_cuda(), kOp, ": expected CUDA tensors, but got input on ",
-              input.device());
-  const c10::cuda::CUDAGuard device_guard(input.device());
+  const auto device_guard = cuda_guard(kOp, input);
 
   const int64_t steps = input.size(0), batch = input.size(1),
                 features = input.size(2), state = weights.size(0) / 3;
   const int64_t K = state + features, S3 = 3 * state;
   const auto options = input.options();
-  const bool want_input = output_mask[0], want_weights = output_mask[1],
-             want_bias = output_mask[2], want_h0 = output_mask[3],
-             want_c0 = output_mask[4];
-  auto output_or_placeholder = [&](bool wanted, at::IntArrayRef shape) {
-    return wanted ? at::empty(shape, options) : at::empty({0}, options);
-  };
-  at::Tensor grad_input = output_or_placeholder(want_input, {steps, batch, features});
-  at::Tensor grad_weights = output_or_placeholder(want_weights, {S3, K});
-  at::Tensor grad_bias = output_or_placeholder(want_bias, {S3});
-  at::Tensor grad_h0 = output_or_placeholder(want_h0, {batch, state});
-  at::Tensor grad_c0 = output_or_placeholder(want_c0, {batch, state});
+  const AskedGradients asked(output_mask, options);
+  const bool want_input = asked.input, want_weights = asked.weights,
+             want_bias = asked.bias, want_h0 = asked.h, want_c0 = asked.c;
+  at::Tensor grad_input = asked.allocate(want_input, {steps, batch, features});
+  at::Tensor grad_weights = asked.allocate(want_weights, {S3, K});
+  at::Tensor grad_bias = asked.allocate(want_bias, {S3});
+  at::Tensor grad_h0 = asked.allocate(want_h0, {batch, state});
+  at::Tensor grad_c0 = asked.allocate(want_c0, {batch, state});
   auto result = [&]() -> SeqBackwardResult {
     return {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
   };
-  if (!(want_input || want_weights || want_bias || want_h0 || want_c0)) {
-    return result();
-  }
+  if (!asked.any()) return result();
   if (steps == 0 || batch == 0 || state == 0) {
     // No step ran: the state's gradients pass through, the rest are sums
     // over nothing.

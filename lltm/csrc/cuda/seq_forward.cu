@@ -17,6 +17,7 @@
 
 #include "../lltm.h"
 #include "blas.h"
+#include "guard.h"
 #include "launch_utils.h"
 #include "seq_graph.h"
 #include "seq_persistent.h"
@@ -39,9 +40,7 @@ SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,
                                         const at::Tensor& c0,
                                         const std::optional<at::Tensor>& lengths) {
   check_seq_forward_args(kOp, input, weights, bias, h0, c0, lengths);
-  TORCH_CHECK(input.is_cuda(), kOp, ": expected CUDA tensors, but got input on ",
-              input.device());
-  const c10::cuda::CUDAGuard device_guard(input.device());
+  const auto device_guard = cuda_guard(kOp, input);
 
   const int64_t steps = input.size(0), batch = input.size(1),
                 features = input.size(2), state = weights.size(0) / 3;
