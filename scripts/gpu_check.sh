@@ -23,7 +23,7 @@
 #   bench     lltm bench --device cuda at the issue's sizes, float32 and bfloat16
 #   benchseq  lltm bench --seq T --device cuda at the layer targets' sizes
 #   memory    python -m lltm.bench.conv_bn_memory --device cuda (fused Conv2d+BatchNorm2d)
-#   train     lltm train --compile against eager (charlm, hidden 256, batch 64, seq 128):
+#   compile   lltm train --compile against eager (charlm, hidden 256, batch 64, seq 128):
 #             python -m lltm.bench.train_step (steady steps interleaved, the modes' costliest
 #             ops), then two real runs whose summaries give warm-up and steady state apart
 #
@@ -48,7 +48,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY=$OUT/summary.txt
 SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test seq testall sanitize check benchseq seqsweep profile sweep bench memory train)
+[ ${#stages[@]} -eq 0 ] && stages=(build test seq testall sanitize check benchseq seqsweep profile sweep bench memory train compile)
 status=0
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -191,14 +191,14 @@ EOF
       run_stage memory 300 "$PYTHON" -m lltm.bench.conv_bn_memory --device cuda --markdown
       tail -n 25 "$OUT/memory.log" >>"$SUMMARY"
       ;;
-    train)
-      run_stage train 420 "$PYTHON" -m lltm.bench.train_step --device cuda --hidden 256 --batch 64 --seq-len 128 \
+    compile)
+      run_stage compile 420 "$PYTHON" -m lltm.bench.train_step --device cuda --hidden 256 --batch 64 --seq-len 128 \
         --modes eager,default,reduce-overhead --profile
       for compile in "" "--compile"; do
-        run_stage train 420 "$PYTHON" -m lltm train --task charlm --hidden 256 --batch 64 --seq-len 128 \
+        run_stage compile 420 "$PYTHON" -m lltm train --task charlm --hidden 256 --batch 64 --seq-len 128 \
           --steps 300 --eval-every 300 --device cuda --no-plot --quiet --out "$OUT/train${compile:+-compile}" $compile
       done
-      grep -E "^lltm train step|^ +(mode|eager|default|reduce-overhead) \||^\| lltm" "$OUT/train.log" >>"$SUMMARY"
+      grep -E "^lltm train step|^ +(mode|eager|default|reduce-overhead) \||^\| lltm" "$OUT/compile.log" >>"$SUMMARY"
       ;;
     *)
       echo "gpu_check: unknown stage $stage" | tee -a "$SUMMARY"
