@@ -254,7 +254,9 @@ def test_python_dash_m():
     assert out.startswith("lltm ")
 
 
-def _fake_results(host_us: dict[str, tuple[float, float]], timer_us: dict[str, tuple[float, float]], peer: str):
+def _fake_results(
+    host_us: dict[str, tuple[float, float]], timer_us: dict[str, tuple[float, float]], peer: str, pipelined=False
+):
     from lltm.bench.cases import Case
     from lltm.bench.report import results
     from lltm.bench.timing import Measurement
@@ -264,7 +266,7 @@ def _fake_results(host_us: dict[str, tuple[float, float]], timer_us: dict[str, t
         Measurement([f / 1e6] * 3, [b / 1e6] * 3, timer_rounds_s=[(timer_us[n][0] / 1e6, timer_us[n][1] / 1e6)])
         for n, (f, b) in host_us.items()
     ]
-    return results(cases, measured, peer=peer)
+    return results(cases, measured, peer=peer, pipelined=pipelined)
 
 
 def test_bench_marks_rows_whose_clocks_disagree():
@@ -295,6 +297,17 @@ def test_bench_marks_rows_whose_clocks_disagree():
     timer["python"] = (110.0, 900.0)
     rows = {r.name: r for r in _fake_results(host, timer, peer="gemm")}
     assert all(r.speedup_suspect for r in rows.values())
+
+
+def test_bench_on_a_gpu_marks_only_a_slower_timer():
+    """On CUDA the Timer's passes overlap their launches, the host clock's do not: a Timer median far below
+    the host clock's is how launch-bound rows look there, not noise; one far above it still is."""
+    host = {"lstm": (550.0, 950.0), "fused": (750.0, 1030.0)}
+    timer = {"lstm": (260.0, 1100.0), "fused": (470.0, 2900.0)}
+    rows = {r.name: r for r in _fake_results(host, timer, peer="lstm", pipelined=True)}
+    assert not rows["lstm"].clocks_disagree and rows["fused"].clocks_disagree
+    rows = {r.name: r for r in _fake_results(host, timer, peer="lstm", pipelined=False)}
+    assert rows["lstm"].clocks_disagree
 
 
 def test_bench_header_names_the_cpu(capsys):
