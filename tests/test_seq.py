@@ -461,21 +461,6 @@ def test_aten_long_float32_backward_within_twice_plain_pytorch(device, capsys):
         assert ea <= 2 * ep + 1e-7, f"{name}: aten's backward error {ea:.2e} > 2 x python's {ep:.2e}\n{table}"
 
 
-def test_bad_sequence_path_is_a_clear_error(monkeypatch):
-    """A wrong LLTM_SEQ_PATH / LLTM_SEQ_CLUSTER names the setting and its values."""
-    if not (torch.cuda.is_available() and lltm._backends.is_available("fused", "cuda", "seq")):
-        pytest.skip("needs the fused sequence operators on CUDA")
-    args = make_seq(2, 2, 3, 4, device="cuda", dtype=torch.float32, requires_grad=False)
-    monkeypatch.setenv("LLTM_SEQ_PATH", "fast")
-    with pytest.raises(RuntimeError, match="LLTM_SEQ_PATH=fast is not a sequence path"):
-        functional.lltm(*args, backend="fused")
-    if _has_clusters():
-        monkeypatch.setenv("LLTM_SEQ_PATH", "persistent")
-        monkeypatch.setenv("LLTM_SEQ_CLUSTER", "40")
-        with pytest.raises(RuntimeError, match="LLTM_SEQ_CLUSTER=40 must be a cluster size"):
-            functional.lltm(*args, backend="fused")
-
-
 @cuda_only
 @pytest.mark.parametrize("backend", COMPILED)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
