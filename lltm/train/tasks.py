@@ -236,8 +236,9 @@ class CharLMTask(Task):
 
     def _windows(self, data: Tensor, gen: torch.Generator, batch: int) -> tuple[Tensor, Tensor]:
         starts = torch.randint(0, len(data) - self.seq_len - 1, (batch,), generator=gen)
-        idx = starts.unsqueeze(1) + torch.arange(self.seq_len + 1)
-        w = data[idx].long()
+        # rows of the view of every window (data[idx] with a (B, L + 1) index
+        # costs ~4 ms per batch of 64 x 129 on a 5 MB text, this ~10 us)
+        w = data.unfold(0, self.seq_len + 1, 1)[starts].long()
         return w[:, :-1], w[:, 1:]
 
     def sample(self, gen: torch.Generator, batch: int) -> tuple[Tensor, Tensor]:
