@@ -310,6 +310,44 @@ def test_bench_on_a_gpu_marks_only_a_slower_timer():
     assert rows["lstm"].clocks_disagree
 
 
+def test_bench_rows_say_their_precision(monkeypatch):
+    """Each row names what its float32 products run in, from the switches in force, and the footer
+    compares like with like: fused strict against nn.LSTM strict, fused with TF32 against nn.LSTM's
+    default (TF32 in cuDNN)."""
+    from lltm.bench import cases, report
+
+    cuda = cases.Config(batch_size=1, features=1, state_size=1, seq=2, device=torch.device("cuda"),
+                        dtype=torch.float32)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    got = {n: cases.precision(n, cuda) for n in ("fused", "fused-tf32", "lstm", "lstm-notf32", "python")}
+    assert got == {"fused": "fp32", "fused-tf32": "TF32", "lstm": "TF32", "lstm-notf32": "fp32", "python": "fp32"}
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    assert cases.precision("fused", cuda) == "TF32"
+    bf16 = cases.Config(batch_size=1, features=1, state_size=1, seq=2, device=torch.device("cuda"),
+                        dtype=torch.float32, autocast=torch.bfloat16)
+    assert cases.precision("lstm", bf16) == "bfloat16"
+    cpu = cases.Config(batch_size=1, features=1, state_size=1, seq=2, device=torch.device("cpu"),
+                       dtype=torch.float32)
+    assert cases.precision("lstm", cpu) == "fp32"
+    built, skipped = cases.build(["fused", "fused-tf32"], cpu)
+    assert [c.name for c in built] == ["fused"] and skipped == {"fused-tf32": "CUDA only"}
+
+    names = ("fused", "fused-tf32", "lstm", "lstm-notf32")
+    host = {n: (100.0, 200.0) for n in names}
+    timer = {"fused": (60.0, 120.0), "fused-tf32": (40.0, 80.0), "lstm": (100.0, 200.0),
+             "lstm-notf32": (150.0, 300.0)}
+    rows = _fake_results(host, timer, peer="lstm", pipelined=True)
+    for r, p in zip(rows, ("fp32", "TF32", "TF32", "fp32")):
+        r.precision = p
+    meta = {"seq": 2, "batch_size": 1, "features": 1, "state_size": 1, "dtype": "float32", "device": "cuda",
+            "device_name": "a GPU", "torch": "x", "date": "d", "runs": 3, "rounds": 1, "gradients": "all"}
+    table = report.format_table(rows, meta, {})
+    assert "precision: fused fp32, fused-tf32 TF32, lstm TF32, lstm-notf32 fp32" in table
+    like = "like with like, Timer f+b: fused (fp32) / lstm-notf32 (fp32) 0.40, fused-tf32 (TF32) / lstm (TF32) 0.40"
+    assert like in table
+
+
 def test_bench_header_names_the_cpu(capsys):
     from lltm.bench.cli import cpu_name
 

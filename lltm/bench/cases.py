@@ -28,11 +28,16 @@ ROWS: dict[str, str] = {
     "compile-ro": "the same, mode='reduce-overhead' (CUDA graphs; CUDA only)",
     "lstm": "nn.LSTMCell | nn.LSTM (cuDNN on GPU), same state size",
     "lstm-notf32": "nn.LSTM with torch.backends.cudnn.allow_tf32 = False (sequence mode, CUDA only)",
+    "fused-tf32": "lltm.LLTM(backend='fused') with torch.backends.cuda.matmul.allow_tf32 = True: TF32 wherever "
+    "the layer runs cuBLAS (sequence mode, float32 on CUDA only); compare with lstm, as lstm-notf32 with fused",
     "gemm": "the bare GEMMs of one cell step: addmm forward, two mm backward (cell mode only)",
 }
-ALIASES = {"lstmcell": "lstm", "notf32": "lstm-notf32"}
+ALIASES = {"lstmcell": "lstm", "notf32": "lstm-notf32", "tf32": "fused-tf32"}
 CELL_DEFAULT = (*BACKEND_ROWS, "compile", "compile-ro", "lstm", "gemm")
-SEQ_DEFAULT = (*BACKEND_ROWS, "compile", "compile-ro", "lstm", "lstm-notf32")
+SEQ_DEFAULT = (*BACKEND_ROWS, "compile", "compile-ro", "lstm", "lstm-notf32", "fused-tf32")
+# Like with like on CUDA in float32 (each pair computes in the same precision):
+# (row, peer) for `lltm bench --seq`'s footer.
+LIKE_PAIRS = (("fused", "lstm-notf32"), ("fused-tf32", "lstm"))
 
 
 class Skip(Exception):
@@ -55,6 +60,8 @@ class Case:
     autograd: bool = True  # False: no graph to measure memory of (the bare GEMMs)
     # False: the peak says nothing (CUDA graphs allocate their pool once, at capture)
     measure_peak: bool = True
+    # what its float32 products and sums run in: "fp32", "TF32", or the dtype
+    precision: str = ""
 
 
 @dataclass(frozen=True)
@@ -133,13 +140,46 @@ def _no_tf32(case: Case) -> Case:
     return _within(case, lambda: _cudnn_tf32(False))
 
 
+@contextlib.contextmanager
+def _matmul_tf32(allowed: bool) -> Iterator[None]:
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def precision(name: str, cfg: Config) -> str:
+    """What a row's float32 products run in on this device with the current
+    switches: "TF32" where tensor cores may round the inputs to TF32 (cuDNN's
+    nn.LSTM by default, cuBLAS when matmul TF32 is allowed), "fp32" where
+    every product is an fp32 FMA; other dtypes by name (fp32 accumulation)."""
+    dtype = cfg.autocast or cfg.dtype
+    if dtype != torch.float32:
+        return str(dtype).replace("torch.", "")
+    if cfg.device.type != "cuda":
+        return "fp32"
+    if name == "fused-tf32":
+        return "TF32"
+    if name == "lstm-notf32":
+        return "fp32"
+    if name == "lstm":
+        return "TF32" if torch.backends.cudnn.allow_tf32 else "fp32"
+    return "TF32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+
+
 def _check_common(name: str, cfg: Config) -> None:
     """Reasons shared by both modes for a row not to run."""
     cuda = cfg.device.type == "cuda"
     if name in BACKEND_ROWS and not _backends.is_available(name, cfg.device.type):
         raise Skip(f"backend {name!r} is not available on {cfg.device.type}")
-    if name in ("compile-ro", "lstm-notf32") and not cuda:
+    if name in ("compile-ro", "lstm-notf32", "fused-tf32") and not cuda:
         raise Skip("CUDA only")
+    if name == "fused-tf32" and (cfg.dtype != torch.float32 or cfg.autocast is not None):
+        raise Skip("float32 only (TF32 is a float32 setting)")
+    if name == "fused-tf32" and not _backends.is_available("fused", cfg.device.type):
+        raise Skip(f"backend 'fused' is not available on {cfg.device.type}")
 
 
 class _Random:
@@ -157,8 +197,8 @@ class _Random:
 def cell_case(name: str, cfg: Config) -> Case:
     """A row of the cell mode: one step, input (B, I), state (B, S)."""
     _check_common(name, cfg)
-    if name == "lstm-notf32":
-        raise Skip("sequence mode only (nn.LSTMCell does not run cuDNN)")
+    if name in ("lstm-notf32", "fused-tf32"):
+        raise Skip("sequence mode only")
     B, I, S = cfg.batch_size, cfg.features, cfg.state_size
     rand = _Random(cfg)
     input_grad = not cfg.param_grads_only
@@ -223,9 +263,11 @@ def seq_case(name: str, cfg: Config) -> Case:
     grad_out = rand(T, B, S, grad=False)
     factory = {"device": cfg.device, "dtype": cfg.dtype}
     note = f"lltm.LLTM, T={T}"
-    if name in BACKEND_ROWS:
-        module: nn.Module = LLTM(I, S, backend=name, **factory)
+    if name in BACKEND_ROWS or name == "fused-tf32":
+        module: nn.Module = LLTM(I, S, backend="fused" if name == "fused-tf32" else name, **factory)
         call = module
+        if name == "fused-tf32":
+            note += ", torch.backends.cuda.matmul.allow_tf32 = True"
     elif name in ("compile", "compile-ro"):
         module = LLTM(I, S, backend="python", **factory)
         mode = "reduce-overhead" if name == "compile-ro" else None
@@ -250,7 +292,11 @@ def seq_case(name: str, cfg: Config) -> Case:
 
     backward = _autograd_backward((grad_out,), [x, *params], cfg.accumulate_grads)
     case = Case(name, fwd, backward, note=note, parameters=params, measure_peak=name != "compile-ro")
-    return _no_tf32(case) if name == "lstm-notf32" else case
+    if name == "lstm-notf32":
+        return _no_tf32(case)
+    if name == "fused-tf32":
+        return _within(case, lambda: _matmul_tf32(True))
+    return case
 
 
 def build(names: list[str], cfg: Config) -> tuple[list[Case], dict[str, str]]:
@@ -263,6 +309,7 @@ def build(names: list[str], cfg: Config) -> tuple[list[Case], dict[str, str]]:
         except Skip as why:
             skipped[name] = str(why)
             continue
+        case.precision = precision(name, cfg)
         if cfg.autocast is not None:
             case = _within(case, lambda: torch.autocast(cfg.device.type, dtype=cfg.autocast), backward=False)
         cases.append(case)

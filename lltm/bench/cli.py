@@ -189,9 +189,8 @@ def run(args: argparse.Namespace) -> int:
         print("lltm bench: no row can run here; nothing measured", file=sys.stderr)
         return 1
     # The peer every row is measured against: the GEMM floor of a cell step, nn.LSTM for a layer.
-    rows = report.results(
-        cases, _measure(cases, args, cfg.device), peer="lstm" if cfg.seq else "gemm", pipelined=cfg.device.type == "cuda"
-    )
+    measured = _measure(cases, args, cfg.device)
+    rows = report.results(cases, measured, peer="lstm" if cfg.seq else "gemm", pipelined=cfg.device.type == "cuda")
     meta = _meta(args, cfg)
     print(report.format_table(rows, meta, skipped))
     if args.json:

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from lltm.bench.cases import Case
+from lltm.bench.cases import LIKE_PAIRS, Case
 from lltm.bench.timing import Measurement
 
 US = 1e6
@@ -40,6 +40,7 @@ class Result:
     timer_fwd_us: float
     timer_bwd_us: float
     note: str = ""
+    precision: str = ""  # "fp32", "TF32" or the dtype: what the row's products run in
     speedup_fwd: Optional[float] = None  # over the python row, Timer medians
     speedup_bwd: Optional[float] = None
     speedup_total: Optional[float] = None
@@ -98,6 +99,7 @@ def results(
                 timer_fwd_us=statistics.median(f for f, _ in rounds),
                 timer_bwd_us=statistics.median(b for _, b in rounds),
                 note=case.note,
+                precision=case.precision,
                 saved_bytes=m.saved_bytes,
                 peak_bytes=m.peak_bytes,
                 extra={"timer_rounds_us": [[round(f, 2), round(b, 2)] for f, b in rounds]},
@@ -167,6 +169,16 @@ def format_table(rows: list[Result], meta: dict, skipped: dict[str, str]) -> str
                 for r in with_peer
             )
         )
+    if any(r.precision == "TF32" for r in rows):
+        foot.append("precision: " + ", ".join(f"{r.name} {r.precision}" for r in rows if r.precision))
+    by_name = {r.name: r for r in rows}
+    like = [(by_name[a], by_name[b]) for a, b in LIKE_PAIRS if a in by_name and b in by_name]
+    if like:
+        pairs = []
+        for a, b in like:
+            ratio = _fmt(_ratio(a.timer_total_us, b.timer_total_us), a.clocks_disagree or b.clocks_disagree)
+            pairs.append(f"{a.name} ({a.precision}) / {b.name} ({b.precision}) {ratio}")
+        foot.append("like with like, Timer f+b: " + ", ".join(pairs))
     for r in rows:
         if r.clocks_disagree:
             foot.append(
