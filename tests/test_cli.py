@@ -357,3 +357,23 @@ def test_bench_header_names_the_cpu(capsys):
     if os.path.exists("/proc/cpuinfo"):
         model = next(line for line in open("/proc/cpuinfo") if line.startswith("model name")).split(":", 1)[1]
         assert model.strip() in name
+
+
+def test_seq_sweep_summary_against_the_targets():
+    """The sweep's last lines: max and median of each ratio over the grid, and how often the planner's
+    pick is within 10% of the fastest forced path (nocluster, a subset of paths, is not a candidate)."""
+    from lltm.bench.seq_sweep import format_point, summary
+
+    def point(auto, grid, loop, tf32):
+        times = {"grid": (grid, 0.0), "loop": (loop, 0.0), "nocluster": (min(grid, loop), 0.0), "auto": (auto, 0.0),
+                 "lstm": (100.0, 0.0), "lstm-notf32": (200.0, 0.0), "auto-tf32": (tf32, 0.0)}
+        return {"B": 16, "S": 128, "picked": ["grid", "loop"], "floors": {"grid": 1.0}, "times": times}
+
+    points = [point(50, 50, 80, 40), point(120, 100, 130, 90), point(90, 95, 90, 60)]
+    text = summary(points, ["grid", "loop", "nocluster"])
+    assert "auto / lstm strict: max 0.60, median 0.45" in text
+    assert "auto TF32 / lstm (TF32 both): max 0.90, median 0.60" in text
+    assert "auto / fastest forced path: max 1.20, median 1.00, within 1.10 at 2 of 3 points" in text
+    row = format_point(points[1], ["grid", "loop", "nocluster"])
+    assert row.startswith("| 16x128 | 100 | 130 | 100 | 120 (grid/loop) | 1.20 | 100 | 200 | 1.20 | 0.60 | 0.50 |")
+    assert "| 90 | 0.90 |" in row

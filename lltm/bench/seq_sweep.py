@@ -1,7 +1,8 @@
 """The fused CUDA sequence op's time loops over a grid of sizes: each path
 forced (LLTM_SEQ_PATH: the cluster kernel at each cluster size, the grid
 kernel, the graph-replayed step loop), the planner's own pick, and nn.LSTM
-(cuDNN) with and without TF32, side by side in one run; with, per grid
+(cuDNN) with and without TF32, and the planner's pick with TF32 allowed
+(float32), side by side in one run, rounds interleaved; with, per grid
 point, the planner's choice against the fastest path and the floor of the
 work (the layer's FLOPs at the device's peak plus one barrier per step).
 
@@ -86,40 +87,59 @@ def _chosen(report: str) -> str:
     return report.splitlines()[0].rsplit(": ", 1)[1]
 
 
-def measure_row(name: str, cfg: cases.Config, rounds: int, min_run_time: float) -> Optional[tuple[float, float]]:
-    """(fwd, bwd) µs, medians over Timer rounds; None where the row cannot
-    run (a forced path that does not fit)."""
+def _build(name: str, cfg: cases.Config) -> Optional[cases.Case]:
+    """The row's case, run once (a forced path's planning, compilation of
+    the loop's graph keys), or None where a forced path does not fit."""
     try:
         case = cases.seq_case(name, cfg)
         case.backward(case.forward())
         torch.cuda.synchronize()
-        got = [timing.timer_round(case, min_run_time) for _ in range(rounds)]
     except RuntimeError as err:
         if "allows no time loop" not in str(err):
             raise
         return None
-    return statistics.median(f for f, _ in got) * 1e6, statistics.median(b for _, b in got) * 1e6
+    return case
 
 
 def sweep_point(T: int, B: int, S: int, dtype: torch.dtype, paths: list[str], rounds: int, mrt: float) -> dict:
+    """Every row of one grid point, timed in `rounds` interleaved rounds (each
+    row once per round, in turn), so a slow spell of the device hits them alike."""
     cfg = cases.Config(
         batch_size=B, features=S, state_size=S, seq=T, device=torch.device("cuda"), dtype=dtype, seed=0
     )
     floors = {kind: floor_us(kind, T, B, S, S, dtype) for kind in ("cluster", "grid", "loop")}
-    point: dict = {"T": T, "B": B, "I": S, "S": S, "times": {}, "plans": {}, "floors": floors}
+    point: dict = {"T": T, "B": B, "I": S, "S": S, "times": {}, "plans": {}, "floors": floors, "graphs": {}}
+    # row -> (bench row, LLTM_SEQ_PATH setting); the fused rows differ only in the path they force
+    rows = {name: ("fused", name) for name in paths + ["auto"]}
+    rows.update({"lstm": ("lstm", "auto"), "lstm-notf32": ("lstm-notf32", "auto")})
+    if dtype == torch.float32:
+        rows["auto-tf32"] = ("fused-tf32", "auto")
+    built: dict[str, cases.Case] = {}
+    got: dict[str, list[tuple[float, float]]] = {}
     try:
-        for name in paths + ["auto"]:
-            _set_path(name)
-            before = torch.ops.lltm._fused_cuda_seq_graph_stats()
-            point["times"][name] = measure_row("fused", cfg, rounds, mrt)
-            after = torch.ops.lltm._fused_cuda_seq_graph_stats()
-            point.setdefault("graphs", {})[name] = [b - a for a, b in zip(before, after)]  # eager, captures, replays
-            if point["times"][name] is not None:
-                point["plans"][name] = [_plan(bw, T, B, S, dtype) for bw in (False, True)]
+        for name, (row, path) in rows.items():
+            _set_path(path)
+            case = _build(row, cfg)
+            point["times"][name] = None
+            if case is not None:
+                built[name], got[name] = case, []
+                if row == "fused":
+                    point["plans"][name] = [_plan(bw, T, B, S, dtype) for bw in (False, True)]
+        for _ in range(rounds):
+            for name, case in built.items():
+                _set_path(rows[name][1])
+                before = torch.ops.lltm._fused_cuda_seq_graph_stats()
+                got[name].append(timing.timer_round(case, mrt))
+                after = torch.ops.lltm._fused_cuda_seq_graph_stats()
+                seen = point["graphs"].setdefault(name, [0, 0, 0])  # eager, captures, replays
+                point["graphs"][name] = [s + b - a for s, a, b in zip(seen, before, after)]
     finally:
         _set_path("auto")
-    for name in ("lstm", "lstm-notf32"):
-        point["times"][name] = measure_row(name, cfg, rounds, mrt)
+    for name, samples in got.items():
+        point["times"][name] = (
+            statistics.median(f for f, _ in samples) * 1e6,
+            statistics.median(b for _, b in samples) * 1e6,
+        )
     point["picked"] = [_chosen(_plan(bw, T, B, S, dtype)) for bw in (False, True)]
     return point
 
@@ -145,6 +165,8 @@ def format_point(point: dict, paths: list[str]) -> str:
     ]
     if "nocluster" in paths:
         cells.append(ratio(t["nocluster"], t["lstm-notf32"]))
+    if "auto-tf32" in t:
+        cells += [fmt(t["auto-tf32"]), ratio(t["auto-tf32"], t["lstm"])]
     cells.append(" / ".join(f"{k} {v:.0f}" for k, v in point["floors"].items()))
     return "| " + " | ".join(cells) + " |"
 
@@ -175,6 +197,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     head = ["B x S"] + paths + ["auto (fwd/bwd pick)", "auto / best", "lstm", "lstm strict", "/ lstm", "/ strict"]
     if "nocluster" in paths:
         head.append("nocluster / strict")
+    if dtype == torch.float32:
+        head += ["auto TF32", "TF32 / lstm"]
     head.append("floor µs")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -189,7 +213,43 @@ def main(argv: Optional[list[str]] = None) -> int:
                 with open(opts.json, "w") as f:
                     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": opts.dtype}
                     json.dump({**meta, "points": points}, f, indent=1)
+    print(summary(points, paths))
     return 0
+
+
+def summary(points: list[dict], paths: list[str]) -> str:
+    """The grid's ratios against the targets: max and median per comparison,
+    and at how many points the planner's pick is within 10% of the fastest."""
+
+    def stats(label: str, values: list[float]) -> str:
+        if not values:
+            return f"{label}: -"
+        return f"{label}: max {max(values):.2f}, median {statistics.median(values):.2f}"
+
+    def ratios(num: str, den: str) -> list[float]:
+        out = []
+        for p in points:
+            a, b = _total(p["times"].get(num)), _total(p["times"].get(den))
+            if a is not None and b is not None:
+                out.append(a / b)
+        return out
+
+    forced = [p for p in paths if p != "nocluster"]
+    picks = []
+    for p in points:
+        best = [v for v in (_total(p["times"].get(k)) for k in forced) if v is not None]
+        if best and p["times"].get("auto") is not None:
+            picks.append(_total(p["times"]["auto"]) / min(best))
+    lines = [
+        stats("auto / lstm strict", ratios("auto", "lstm-notf32")),
+        stats("nocluster / lstm strict", ratios("nocluster", "lstm-notf32")),
+        stats("loop / lstm strict", ratios("loop", "lstm-notf32")),
+        stats("auto / lstm (default precision)", ratios("auto", "lstm")),
+        stats("auto TF32 / lstm (TF32 both)", ratios("auto-tf32", "lstm")),
+        stats("auto / fastest forced path", picks)
+        + (f", within 1.10 at {sum(r <= 1.10 for r in picks)} of {len(picks)} points" if picks else ""),
+    ]
+    return "\n".join(line for line in lines if not line.endswith(": -"))
 
 
 if __name__ == "__main__":
