@@ -41,7 +41,7 @@ src = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(src)
 if sys.argv[1] == "files":
     cuda = os.path.join("lltm", "csrc", "cuda") + os.sep
-print("\n".join(r for r in map(os.path.relpath, src.sources(True)) if r.endswith(".cu") or r.startswith(cuda)))
+    print("\n".join(r for r in map(os.path.relpath, src.sources(True)) if r.endswith(".cu") or r.startswith(cuda)))
 else:
     print(src._registry.compiled_define())
 EOF
