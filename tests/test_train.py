@@ -186,6 +186,23 @@ def test_compile_smoke(tmp_path):
     assert math.isfinite(_rows(tmp_path / "out" / "lltm.jsonl")[-1]["loss"])
 
 
+def test_compile_runs_in_process(monkeypatch):
+    """--compile keeps inductor's compilation in the process (its worker pool took cores from the training
+    step: 121 against 316 steps/s on the H100 machine) unless TORCHINDUCTOR_COMPILE_THREADS is set."""
+    import torch._inductor.config as inductor_config
+
+    from lltm.train.loop import compile_in_process
+
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    monkeypatch.setattr(inductor_config, "compile_threads", 8)
+    compile_in_process()
+    assert inductor_config.compile_threads == 1
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "4")
+    monkeypatch.setattr(inductor_config, "compile_threads", 4)
+    compile_in_process()
+    assert inductor_config.compile_threads == 4
+
+
 @pytest.mark.parametrize("compile", [[], ["--compile"]], ids=["eager", "compile"])
 def test_warmup_is_timed_apart(tmp_path, compile, capsys):
     """The first --warmup-steps steps (compilation included) are timed apart from the steady state: the

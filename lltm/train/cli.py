@@ -69,12 +69,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="bfloat16: torch.autocast on the device (weights stay float32)")
     g.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES, metavar="MODE",
-                   help="torch.compile the model (MODE: default, reduce-overhead, max-autotune-no-cudagraphs). Its "
-                        "compilation falls in the warm-up steps, timed apart from the steady-state steps/s. The "
-                        "LLTM layer is one custom operator with or without it, so compiling can only change the "
-                        "small layers around it (embedding, head) and adds a fixed cost per step (guards, "
-                        "autograd wrappers): expect eager's speed or a little less (on 2 CPU cores, charlm "
-                        "hidden 256, batch 64, seq 128: 1.02-1.05x eager's step time; docs/training.md)")
+                   help="torch.compile the model (MODE: default, reduce-overhead, max-autotune-no-cudagraphs), "
+                        "compiled in this process (not inductor's worker pool, which keeps taking cores from the "
+                        "step; TORCHINDUCTOR_COMPILE_THREADS overrides). Its compilation falls in the warm-up steps, "
+                        "timed apart from the steady-state steps/s. The LLTM layer is one custom operator with or "
+                        "without it, so compiling can only change the small layers around it (embedding, head) "
+                        "and adds a fixed cost per step (guards, autograd wrappers): expect eager's speed or a "
+                        "little less (charlm hidden 256, batch 64, seq 128 on the H100: 0.93x eager's steps/s; "
+                        "hidden 64 on 2 CPU cores: 0.94-1.01x; docs/training.md)")
     g.add_argument("--warmup-steps", type=int_at_least(0), default=5,
                    help="this process's first steps, timed apart from the steady state (compilation, first-call "
                         "allocations and kernel choices)")

@@ -310,6 +310,19 @@ class _Run:
                       warmup_steps=warmup_steps, warmup_s=warmup_s, metrics=metrics_path)
 
 
+def compile_in_process() -> None:
+    """Inductor compiles in this process, not in its pool of worker processes,
+    unless TORCHINDUCTOR_COMPILE_THREADS says otherwise. The pool stays alive
+    after compiling and its workers take cores from the training step's own
+    threads: on a 16-core H100 machine (charlm, hidden 256, batch 64, seq 128)
+    the compiled step ran at 121 steps/s with the pool and 316 without (eager
+    339), and the compilation itself took 6.8 s with it and 1.6 s without."""
+    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.compile_threads = 1
+
+
 def train_model(
     opts: Options,
     ctx: Context,
@@ -325,6 +338,7 @@ def train_model(
     start, train_time, resumed_at = _restore(opts, ctx, cfg, config, model, optimizer, ckpt_dir)
     net = ctx.wrap(model)
     if opts.compile:
+        compile_in_process()
         net = torch.compile(net, mode=None if opts.compile == "default" else opts.compile)
     metrics = _Metrics(metrics_path, ctx.is_main, resumed_at)
     params = count_parameters(cfg)
