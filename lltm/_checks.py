@@ -42,8 +42,7 @@ def _rank(op: str, t: Optional[Tensor], name: str, rank: int, layout: str) -> No
     _tensor(op, t, name, layout)
     if t.dim() != rank:
         raise ValueError(
-            f"{op}: expected {name} to be a {rank}-D tensor {layout}, "
-            f"but got a {t.dim()}-D tensor of shape {_shape(t)}"
+            f"{op}: expected {name} to be a {rank}-D tensor {layout}, but got a {t.dim()}-D tensor of shape {_shape(t)}"
         )
 
 
@@ -91,8 +90,7 @@ def _weights(op: str, weights: Tensor, input: Tensor, input_name: str = "input")
     _rank(op, weights, "weights", 2, _WEIGHTS)
     if weights.shape[0] % 3 != 0:
         raise ValueError(
-            f"{op}: expected weights.size(0) to be 3 * state_size, but got "
-            f"{weights.shape[0]} (not a multiple of 3)"
+            f"{op}: expected weights.size(0) to be 3 * state_size, but got {weights.shape[0]} (not a multiple of 3)"
         )
     state = weights.shape[0] // 3
     if weights.shape[1] < state:

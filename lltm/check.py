@@ -42,8 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=device_arg, default=torch.device("cpu"), help="cpu, cuda or cuda:N")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tol", type=positive_float, default=1e-10, help="allclose tolerance in float64")
-    p.add_argument("--seq", type=int_at_least(0), default=6, metavar="T",
-                   help="steps of the layer check (0: cell only)")
+    p.add_argument(
+        "--seq", type=int_at_least(0), default=6, metavar="T", help="steps of the layer check (0: cell only)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,8 +120,12 @@ def _check_layer(args: argparse.Namespace, device: torch.device, names: list[str
         print(f"Layer backward: python vs {name} ... {'Ok' if bwd_ok else 'MISMATCH'}")
         failures += (not fwd_ok) + (not bwd_ok)
         # gradcheck on two rows (one stopping early unless T = 1)
-        small = (*(t.detach()[..., :2, :].clone().requires_grad_() for t in (seq,)), W, b,
-                 *(t.detach()[:2].clone().requires_grad_() for t in (h0, c0)))
+        small = (
+            *(t.detach()[..., :2, :].clone().requires_grad_() for t in (seq,)),
+            W,
+            b,
+            *(t.detach()[:2].clone().requires_grad_() for t in (h0, c0)),
+        )
 
         def layer(*a, name=name):
             out, (h_n, c_n) = functional.lltm(*a, lengths=lengths[:2], backend=name)

@@ -120,9 +120,7 @@ class LLTMCell(_Sizes, nn.Module):
         return functional.lltm_cell(input, self.weights, self.bias, old_h, old_cell, backend=self.backend)
 
     def extra_repr(self) -> str:
-        return (
-            f"{self.input_size}, {self.state_size}, bias={self.bias is not None}, backend={self.backend!r}"
-        )
+        return f"{self.input_size}, {self.state_size}, bias={self.bias is not None}, backend={self.backend!r}"
 
 
 class LLTM(_Sizes, nn.Module):

@@ -76,4 +76,3 @@ def lltm_reference(
     if not outputs:
         return input.new_empty((0, h0.shape[0], h0.shape[1])), (h0, c0)
     return torch.stack(outputs), (h, c)
-

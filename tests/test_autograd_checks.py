@@ -17,7 +17,9 @@ def test_gradcheck(device, backend, bias):
     args = make_inputs(3, 4, 5, device=device, dtype=torch.float64, bias=bias)
     if not bias:
         x, W, _, h, c = args
-        assert torch.autograd.gradcheck(lambda x, W, h, c: functional.lltm_cell(x, W, None, h, c, backend=backend), (x, W, h, c))
+        assert torch.autograd.gradcheck(
+            lambda x, W, h, c: functional.lltm_cell(x, W, None, h, c, backend=backend), (x, W, h, c)
+        )
     else:
         assert torch.autograd.gradcheck(lambda *a: functional.lltm_cell(*a, backend=backend), args)
 
@@ -53,7 +55,10 @@ def test_opcheck_backward(device, backend, shape, mask):
     x, W, b, h, c = make_inputs(*shape, device=device, dtype=torch.float64, requires_grad=False)
     new_h, new_cell, gates = _forward_op(backend)(x, W, b, h, c)
     B, _, S = shape
-    gh, gc = torch.randn(B, S, dtype=torch.float64, device=device), torch.randn(B, S, dtype=torch.float64, device=device)
+    gh, gc = (
+        torch.randn(B, S, dtype=torch.float64, device=device),
+        torch.randn(B, S, dtype=torch.float64, device=device),
+    )
     opcheck(_backward_op(backend), (gh, gc, new_cell, gates, x, W, h, mask))
     out = _backward_op(backend)(gh, gc, new_cell, gates, x, W, h, mask)
     for t, asked in zip(out, mask):

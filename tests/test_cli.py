@@ -281,8 +281,20 @@ def test_bench_marks_rows_whose_clocks_disagree():
     assert rows["fused"].clocks_disagree and rows["fused"].clock_ratio_bwd == pytest.approx(63790 / 78.6)
     assert rows["fused"].speedup_suspect and rows["fused"].peer_ratio_suspect
     assert not rows["python"].speedup_suspect and not rows["python"].peer_ratio_suspect
-    meta = {"seq": 0, "batch_size": 1, "features": 1, "state_size": 1, "dtype": "float32", "device": "cpu",
-            "device_name": "a CPU", "torch": "x", "date": "d", "runs": 3, "rounds": 1, "gradients": "all"}
+    meta = {
+        "seq": 0,
+        "batch_size": 1,
+        "features": 1,
+        "state_size": 1,
+        "dtype": "float32",
+        "device": "cpu",
+        "device_name": "a CPU",
+        "torch": "x",
+        "date": "d",
+        "runs": 3,
+        "rounds": 1,
+        "gradients": "all",
+    }
     table = report.format_table(list(rows.values()), meta, {})
     lines = {line.split("|")[0].strip(): line for line in table.splitlines() if "|" in line}
     assert "fused!" in lines and lines["fused!"].rstrip().endswith("!")
@@ -316,32 +328,48 @@ def test_bench_rows_say_their_precision(monkeypatch):
     default (TF32 in cuDNN)."""
     from lltm.bench import cases, report
 
-    cuda = cases.Config(batch_size=1, features=1, state_size=1, seq=2, device=torch.device("cuda"),
-                        dtype=torch.float32)
+    cuda = cases.Config(batch_size=1, features=1, state_size=1, seq=2, device=torch.device("cuda"), dtype=torch.float32)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     got = {n: cases.precision(n, cuda) for n in ("fused", "fused-tf32", "lstm", "lstm-notf32", "python")}
     assert got == {"fused": "fp32", "fused-tf32": "TF32", "lstm": "TF32", "lstm-notf32": "fp32", "python": "fp32"}
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
     assert cases.precision("fused", cuda) == "TF32"
-    bf16 = cases.Config(batch_size=1, features=1, state_size=1, seq=2, device=torch.device("cuda"),
-                        dtype=torch.float32, autocast=torch.bfloat16)
+    bf16 = cases.Config(
+        batch_size=1,
+        features=1,
+        state_size=1,
+        seq=2,
+        device=torch.device("cuda"),
+        dtype=torch.float32,
+        autocast=torch.bfloat16,
+    )
     assert cases.precision("lstm", bf16) == "bfloat16"
-    cpu = cases.Config(batch_size=1, features=1, state_size=1, seq=2, device=torch.device("cpu"),
-                       dtype=torch.float32)
+    cpu = cases.Config(batch_size=1, features=1, state_size=1, seq=2, device=torch.device("cpu"), dtype=torch.float32)
     assert cases.precision("lstm", cpu) == "fp32"
     built, skipped = cases.build(["fused", "fused-tf32"], cpu)
     assert [c.name for c in built] == ["fused"] and skipped == {"fused-tf32": "CUDA only"}
 
     names = ("fused", "fused-tf32", "lstm", "lstm-notf32")
     host = {n: (100.0, 200.0) for n in names}
-    timer = {"fused": (60.0, 120.0), "fused-tf32": (40.0, 80.0), "lstm": (100.0, 200.0),
-             "lstm-notf32": (150.0, 300.0)}
+    timer = {"fused": (60.0, 120.0), "fused-tf32": (40.0, 80.0), "lstm": (100.0, 200.0), "lstm-notf32": (150.0, 300.0)}
     rows = _fake_results(host, timer, peer="lstm", pipelined=True)
     for r, p in zip(rows, ("fp32", "TF32", "TF32", "fp32")):
         r.precision = p
-    meta = {"seq": 2, "batch_size": 1, "features": 1, "state_size": 1, "dtype": "float32", "device": "cuda",
-            "device_name": "a GPU", "torch": "x", "date": "d", "runs": 3, "rounds": 1, "gradients": "all"}
+    meta = {
+        "seq": 2,
+        "batch_size": 1,
+        "features": 1,
+        "state_size": 1,
+        "dtype": "float32",
+        "device": "cuda",
+        "device_name": "a GPU",
+        "torch": "x",
+        "date": "d",
+        "runs": 3,
+        "rounds": 1,
+        "gradients": "all",
+    }
     table = report.format_table(rows, meta, {})
     assert "precision: fused fp32, fused-tf32 TF32, lstm TF32, lstm-notf32 fp32" in table
     like = "like with like, Timer f+b: fused (fp32) / lstm-notf32 (fp32) 0.40, fused-tf32 (TF32) / lstm (TF32) 0.40"
@@ -365,8 +393,15 @@ def test_seq_sweep_summary_against_the_targets():
     from lltm.bench.seq_sweep import format_point, summary
 
     def point(auto, grid, loop, tf32):
-        times = {"grid": (grid, 0.0), "loop": (loop, 0.0), "nocluster": (min(grid, loop), 0.0), "auto": (auto, 0.0),
-                 "lstm": (100.0, 0.0), "lstm-notf32": (200.0, 0.0), "auto-tf32": (tf32, 0.0)}
+        times = {
+            "grid": (grid, 0.0),
+            "loop": (loop, 0.0),
+            "nocluster": (min(grid, loop), 0.0),
+            "auto": (auto, 0.0),
+            "lstm": (100.0, 0.0),
+            "lstm-notf32": (200.0, 0.0),
+            "auto-tf32": (tf32, 0.0),
+        }
         return {"B": 16, "S": 128, "picked": ["grid", "loop"], "floors": {"grid": 1.0}, "times": times}
 
     points = [point(50, 50, 80, 40), point(120, 100, 130, 90), point(90, 95, 90, 60)]

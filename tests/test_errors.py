@@ -20,21 +20,91 @@ def _args(device="cpu", **kw):
 
 BAD = {
     # name: (argument index, replacement, exception, message regex)
-    "input_1d": (0, torch.randn(I), ValueError, r"expected input to be a 2-D tensor \(batch, input_features\), but got a 1-D tensor of shape \[3\]"),
-    "wrong_features": (0, torch.randn(B, I + 2), ValueError, r"expected input with 3 input features \(weights.size\(1\) - state_size = 8 - 5\), but got input of shape \[4, 5\]"),
-    "weights_too_narrow": (1, torch.randn(3 * S, S - 1), ValueError, r"expected weights of shape \(3 \* state_size, state_size \+ input_features\) with state_size = 5, but got \[15, 4\]"),
-    "bias_2d": (2, torch.randn(2, 3 * S), ValueError, r"expected bias of shape \(3 \* state_size,\) or \(1, 3 \* state_size\), but got \[2, 15\]"),
-    "input_list": (0, [[0.0] * I] * B, TypeError, r"expected input to be a torch.Tensor \(batch, input_features\), but got list \(convert it with torch.as_tensor\)"),
+    "input_1d": (
+        0,
+        torch.randn(I),
+        ValueError,
+        r"expected input to be a 2-D tensor \(batch, input_features\), but got a 1-D tensor of shape \[3\]",
+    ),
+    "wrong_features": (
+        0,
+        torch.randn(B, I + 2),
+        ValueError,
+        r"expected input with 3 input features \(weights.size\(1\) - state_size = 8 - 5\), but got input of shape \[4, 5\]",
+    ),
+    "weights_too_narrow": (
+        1,
+        torch.randn(3 * S, S - 1),
+        ValueError,
+        r"expected weights of shape \(3 \* state_size, state_size \+ input_features\) with state_size = 5, but got \[15, 4\]",
+    ),
+    "bias_2d": (
+        2,
+        torch.randn(2, 3 * S),
+        ValueError,
+        r"expected bias of shape \(3 \* state_size,\) or \(1, 3 \* state_size\), but got \[2, 15\]",
+    ),
+    "input_list": (
+        0,
+        [[0.0] * I] * B,
+        TypeError,
+        r"expected input to be a torch.Tensor \(batch, input_features\), but got list \(convert it with torch.as_tensor\)",
+    ),
     "weights_ndarray": (1, "ndarray", TypeError, r"expected weights to be a torch.Tensor .*, but got ndarray"),
-    "old_h_coo": (3, "coo", TypeError, r"expected old_h to be a dense \(strided\) tensor, but got layout torch.sparse_coo \(call .to_dense\(\)\)"),
-    "weights_csr": (1, "csr", TypeError, r"expected weights to be a dense \(strided\) tensor, but got layout torch.sparse_csr"),
-    "weights_not_3s": (1, torch.randn(14, S + I), ValueError, r"expected weights.size\(0\) to be 3 \* state_size, but got 14"),
-    "bias_shape": (2, torch.randn(3 * S + 1), ValueError, r"expected bias of shape \(3 \* state_size,\) = \[15\], but got \[16\]"),
-    "old_h_batch": (3, torch.randn(B + 1, S), ValueError, r"expected old_h of shape \(batch, state_size\) = \[4, 5\], but got \[5, 5\]"),
-    "old_cell_state": (4, torch.randn(B, S + 1), ValueError, r"expected old_cell of shape \(batch, state_size\) = \[4, 5\], but got \[4, 6\]"),
-    "old_cell_3d": (4, torch.randn(1, B, S), ValueError, r"expected old_cell to be a 2-D tensor \(batch, state_size\), but got a 3-D tensor"),
-    "dtype_mix": (1, torch.randn(3 * S, S + I, dtype=torch.float64), TypeError, r"expected weights to have dtype Float like input, but got Double \(cast all arguments to one dtype\)"),
-    "int_input": (0, torch.ones(B, I, dtype=torch.int64), TypeError, r"expected input of a floating dtype \(float32, float64, float16 or bfloat16\), but got Long"),
+    "old_h_coo": (
+        3,
+        "coo",
+        TypeError,
+        r"expected old_h to be a dense \(strided\) tensor, but got layout torch.sparse_coo \(call .to_dense\(\)\)",
+    ),
+    "weights_csr": (
+        1,
+        "csr",
+        TypeError,
+        r"expected weights to be a dense \(strided\) tensor, but got layout torch.sparse_csr",
+    ),
+    "weights_not_3s": (
+        1,
+        torch.randn(14, S + I),
+        ValueError,
+        r"expected weights.size\(0\) to be 3 \* state_size, but got 14",
+    ),
+    "bias_shape": (
+        2,
+        torch.randn(3 * S + 1),
+        ValueError,
+        r"expected bias of shape \(3 \* state_size,\) = \[15\], but got \[16\]",
+    ),
+    "old_h_batch": (
+        3,
+        torch.randn(B + 1, S),
+        ValueError,
+        r"expected old_h of shape \(batch, state_size\) = \[4, 5\], but got \[5, 5\]",
+    ),
+    "old_cell_state": (
+        4,
+        torch.randn(B, S + 1),
+        ValueError,
+        r"expected old_cell of shape \(batch, state_size\) = \[4, 5\], but got \[4, 6\]",
+    ),
+    "old_cell_3d": (
+        4,
+        torch.randn(1, B, S),
+        ValueError,
+        r"expected old_cell to be a 2-D tensor \(batch, state_size\), but got a 3-D tensor",
+    ),
+    "dtype_mix": (
+        1,
+        torch.randn(3 * S, S + I, dtype=torch.float64),
+        TypeError,
+        r"expected weights to have dtype Float like input, but got Double \(cast all arguments to one dtype\)",
+    ),
+    "int_input": (
+        0,
+        torch.ones(B, I, dtype=torch.int64),
+        TypeError,
+        r"expected input of a floating dtype \(float32, float64, float16 or bfloat16\), but got Long",
+    ),
 }
 
 
@@ -61,7 +131,10 @@ def test_device_mix_message(device, backend):
     GPU is present; the CUDA suite covers cuda vs cpu)."""
     args = _args(device)
     args[3] = args[3].to("meta")
-    with pytest.raises(RuntimeError, match=r"expected old_h on device (meta|cpu) like input, but got (cpu|meta) \(move all arguments to one device\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"expected old_h on device (meta|cpu) like input, but got (cpu|meta) \(move all arguments to one device\)",
+    ):
         functional.lltm_cell(*args, backend=backend)
 
 
@@ -94,7 +167,10 @@ def test_module_state_not_a_pair(state):
     h = torch.zeros(2, 5)
     bad = {"tensor": h, "1-tuple": (h,), "3-tuple": (h, h, h)}[state]
     got = {"tensor": "Tensor", "1-tuple": "tuple of length 1", "3-tuple": "tuple of length 3"}[state]
-    with pytest.raises(ValueError, match=rf"lltm.LLTMCell: expected state to be None or a tuple \(h, c\) of two tensors \(batch, state_size\), but got {got}$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"lltm.LLTMCell: expected state to be None or a tuple \(h, c\) of two tensors \(batch, state_size\), but got {got}$",
+    ):
         lltm.LLTMCell(3, 5)(torch.randn(2, 3), bad)
     with pytest.raises(ValueError, match=rf"lltm.LLTM: expected state to be None or a tuple \(h, c\).*but got {got}$"):
         lltm.LLTM(3, 5)(torch.randn(4, 2, 3), bad)
@@ -116,7 +192,10 @@ def test_no_backend_on_an_unusable_device():
 
 
 def test_unknown_backend():
-    with pytest.raises(ValueError, match=r"unknown backend 'triton'; choose 'auto' or one of 'python', 'aten', 'fused' \(available on cpu: 'python'"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown backend 'triton'; choose 'auto' or one of 'python', 'aten', 'fused' \(available on cpu: 'python'",
+    ):
         functional.lltm_cell(*_args(), backend="triton")
     with pytest.raises(ValueError, match="unknown backend 'cuda'"):
         lltm.LLTMCell(3, 4, backend="cuda")
@@ -124,13 +203,19 @@ def test_unknown_backend():
 
 def test_unavailable_backend_names_available_ones():
     """fused has kernels for CPU and CUDA only; meta tensors stand in for any other device."""
-    with pytest.raises(RuntimeError, match=r"backend 'fused' is not available on meta; available: python, aten "
-                       r"\(its kernels are built for cpu and cuda devices only\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"backend 'fused' is not available on meta; available: python, aten "
+        r"\(its kernels are built for cpu and cuda devices only\)",
+    ):
         functional.lltm_cell(*_args("meta"), backend="fused")
 
 
 def test_module_input_rank():
-    with pytest.raises(ValueError, match=r"lltm.LLTM: expected input to be a 3-D tensor \(seq_len, batch, input_size\) or a PackedSequence, but got \[4, 3\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"lltm.LLTM: expected input to be a 3-D tensor \(seq_len, batch, input_size\) or a PackedSequence, but got \[4, 3\]",
+    ):
         lltm.LLTM(3, 5)(torch.randn(4, 3))
     with pytest.raises(ValueError, match=r"\(batch, seq_len, input_size\)"):
         lltm.LLTM(3, 5, batch_first=True)(torch.randn(4, 3))
@@ -140,7 +225,10 @@ def test_module_state_shape():
     model = lltm.LLTM(3, 5, num_layers=2)
     x = torch.randn(4, 2, 3)
     h0 = torch.zeros(1, 2, 5)
-    with pytest.raises(ValueError, match=r"expected h0 of shape \(num_layers \* num_directions, batch, state_size\) = \[2, 2, 5\], but got \[1, 2, 5\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"expected h0 of shape \(num_layers \* num_directions, batch, state_size\) = \[2, 2, 5\], but got \[1, 2, 5\]",
+    ):
         model(x, (h0, torch.zeros(2, 2, 5)))
 
 
@@ -153,7 +241,9 @@ def test_module_bad_hyperparameters():
 
 def test_sequence_input_rank():
     x, W, b, h, c = _args()
-    with pytest.raises(ValueError, match=r"expected input to be a 3-D tensor \(seq_len, batch, input_features\), but got \[4, 3\]"):
+    with pytest.raises(
+        ValueError, match=r"expected input to be a 3-D tensor \(seq_len, batch, input_features\), but got \[4, 3\]"
+    ):
         functional.lltm(x, W, b, h, c)
 
 
@@ -169,7 +259,10 @@ def test_missing_extension_says_how_to_build(monkeypatch):
 
     monkeypatch.setattr(_extension, "_load_jit", no_compiler)
     monkeypatch.setattr(lltm._backends, "_cache", {})
-    with pytest.raises(RuntimeError, match=r"compiled extension is not available \(no C\+\+ compiler found\); build it ahead of time with `pip install --no-build-isolation \.`"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"compiled extension is not available \(no C\+\+ compiler found\); build it ahead of time with `pip install --no-build-isolation \.`",
+    ):
         functional.lltm_cell(*_args(), backend="aten")
     assert lltm.backends("cpu") == {"python": True, "aten": False, "fused": False}
     h, c = functional.lltm_cell(*_args(), backend="auto")  # falls back to python

@@ -69,7 +69,7 @@ def layer_fn(backend: str, lengths: Optional[torch.Tensor] = None) -> Callable:
 
 def seq_inputs(T, B, I, S, dtype=torch.float32, bias=True, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    x = ((torch.rand(T, B, I, generator=gen, dtype=torch.float64) * 2 - 1)).to(dtype)
+    x = (torch.rand(T, B, I, generator=gen, dtype=torch.float64) * 2 - 1).to(dtype)
     _, W, b, h0, c0 = make_inputs(B, I, S, dtype=dtype, seed=seed + 1, bias=bias, requires_grad=False)
     return [x, W, b, h0, c0]
 
@@ -322,7 +322,11 @@ def test_every_capability_build_agrees(tmp_path):
         env = dict(os.environ, ATEN_CPU_CAPABILITY=cap)
         proc = subprocess.run(
             [sys.executable, "-c", CAPABILITY_SCRIPT.format(path=str(path))],
-            cwd=root, env=env, capture_output=True, text=True, timeout=300,
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert proc.returncode == 0, proc.stderr
         used, build, rows = torch.load(path)

@@ -134,7 +134,10 @@ def test_dropout_with_one_layer_warns_like_nn_lstm():
     [
         (lambda: torch.zeros(1, 2, 5), r"expected state to be None or a tuple \(h, c\) of two tensors.*but got Tensor"),
         (lambda: (torch.zeros(1, 2, 5),), r"expected state to be None or a tuple \(h, c\).*tuple of length 1"),
-        (lambda: (torch.zeros(2, 2, 5), torch.zeros(1, 2, 5)), r"expected h0 of shape .* = \[1, 2, 5\], but got \[2, 2, 5\]"),
+        (
+            lambda: (torch.zeros(2, 2, 5), torch.zeros(1, 2, 5)),
+            r"expected h0 of shape .* = \[1, 2, 5\], but got \[2, 2, 5\]",
+        ),
     ],
     ids=["tensor", "1-tuple", "h0-shape"],
 )

@@ -96,7 +96,9 @@ def _lltm_reference_stack(model, x, h0, c0):
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_lltm_layers_match_reference(device, backend, batch_first, bias):
     T, B, I, S, L = 4, 3, 5, 6, 3
-    model = lltm.LLTM(I, S, num_layers=L, bias=bias, batch_first=batch_first, backend=backend, device=device, dtype=torch.float64)
+    model = lltm.LLTM(
+        I, S, num_layers=L, bias=bias, batch_first=batch_first, backend=backend, device=device, dtype=torch.float64
+    )
     x = torch.randn(T, B, I, device=device, dtype=torch.float64)
     h0 = torch.randn(L, B, S, device=device, dtype=torch.float64)
     c0 = torch.randn(L, B, S, device=device, dtype=torch.float64)
@@ -168,8 +170,12 @@ def test_one_vocabulary_for_the_sizes(module):
     and nn.LSTM's hidden_size as keywords, and build the same parameters whichever names are used."""
     torch.manual_seed(0)
     positional = module(7, 5).state_dict()
-    for kwargs in ({"input_size": 7, "state_size": 5}, {"input_features": 7, "state_size": 5},
-                   {"input_size": 7, "hidden_size": 5}, {"input_features": 7, "hidden_size": 5}):
+    for kwargs in (
+        {"input_size": 7, "state_size": 5},
+        {"input_features": 7, "state_size": 5},
+        {"input_size": 7, "hidden_size": 5},
+        {"input_features": 7, "hidden_size": 5},
+    ):
         torch.manual_seed(0)
         m = module(**kwargs)
         state = m.state_dict()

@@ -61,9 +61,7 @@ def _check(backend, args, *, lengths=None, loss_on=("output", "h_n", "c_n"), wan
     got_out, got_grads = _loss_grads(ours, args, dev_grads, wanted)
     ref_args = [None if a is None else a.detach().double().cpu().requires_grad_() for a in args]
     ref_len = None if lengths is None else lengths.cpu()
-    want_out, want_grads = _loss_grads(
-        lambda *a: lltm_reference(*a, lengths=ref_len), ref_args, outs_grads, wanted
-    )
+    want_out, want_grads = _loss_grads(lambda *a: lltm_reference(*a, lengths=ref_len), ref_args, outs_grads, wanted)
     for what, got, want in (("outputs", got_out, want_out), ("grads", got_grads, want_grads)):
         for name, g, w in zip(wanted if what == "grads" else ("output", "h_n", "c_n"), got, want):
             if w is None:  # unused by the reference (T = 0): ours must be zeros
@@ -308,11 +306,31 @@ def test_compile_dynamic_length_one_graph(device, backend):
 
 SEQ_BAD = {
     # name: (argument index, replacement, exception, message regex)
-    "input_2d": (0, torch.randn(3, 4), ValueError, r"expected input to be a 3-D tensor \(seq_len, batch, input_features\)"),
+    "input_2d": (
+        0,
+        torch.randn(3, 4),
+        ValueError,
+        r"expected input to be a 3-D tensor \(seq_len, batch, input_features\)",
+    ),
     "wrong_features": (0, torch.randn(5, 3, 6), ValueError, r"expected input with 4 input features"),
-    "h0_batch": (3, torch.randn(2, 5), ValueError, r"expected h0 of shape \(batch, state_size\) = \[3, 5\], but got \[2, 5\]"),
-    "c0_state": (4, torch.randn(3, 6), ValueError, r"expected c0 of shape \(batch, state_size\) = \[3, 5\], but got \[3, 6\]"),
-    "dtype_mix": (1, torch.randn(15, 9, dtype=torch.float32), TypeError, r"expected weights to have dtype Double like input, but got Float"),
+    "h0_batch": (
+        3,
+        torch.randn(2, 5),
+        ValueError,
+        r"expected h0 of shape \(batch, state_size\) = \[3, 5\], but got \[2, 5\]",
+    ),
+    "c0_state": (
+        4,
+        torch.randn(3, 6),
+        ValueError,
+        r"expected c0 of shape \(batch, state_size\) = \[3, 5\], but got \[3, 6\]",
+    ),
+    "dtype_mix": (
+        1,
+        torch.randn(15, 9, dtype=torch.float32),
+        TypeError,
+        r"expected weights to have dtype Double like input, but got Float",
+    ),
 }
 
 
@@ -389,8 +407,10 @@ def _python_trajectory(x, W, b, h0, c0, lengths):
     S = h0.shape[1]
     for t in range(x.shape[0]):
         pre = torch.nn.functional.linear(torch.cat([h, x[t]], dim=1), W, b)
-        g = torch.cat([torch.sigmoid(pre[:, :S]), torch.sigmoid(pre[:, S:2 * S]),
-                       torch.nn.functional.elu(pre[:, 2 * S:])], dim=1)
+        g = torch.cat(
+            [torch.sigmoid(pre[:, :S]), torch.sigmoid(pre[:, S : 2 * S]), torch.nn.functional.elu(pre[:, 2 * S :])],
+            dim=1,
+        )
         new_h, new_c = lltm.reference.lltm_cell_reference(x[t], W, b, h, c)
         inside = (lengths > t).unsqueeze(1)
         h, c = torch.where(inside, new_h, h), torch.where(inside, new_c, c)
@@ -404,8 +424,9 @@ def _backward64(trajectory, args, lengths, out_grads):
     forward took, whatever its rounding): aten's backward operator on everything upcast."""
     x, W, b, h0, c0 = (a.detach().double() for a in args)
     out, gates = (t.double() for t in trajectory)
-    return torch.ops.lltm.aten_seq_backward(*(g.double() for g in out_grads), x, W, h0, c0, out, gates, lengths,
-                                            [True] * 5)
+    return torch.ops.lltm.aten_seq_backward(
+        *(g.double() for g in out_grads), x, W, h0, c0, out, gates, lengths, [True] * 5
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -451,8 +472,7 @@ def test_aten_long_float32_backward_within_twice_plain_pytorch(device, capsys):
     ref = torch.autograd.grad((ref_out, ref_h, ref_c), up, [g.double() for g in out_grads])
     whole = {"aten": errors(got_aten, ref), "python": errors(got_py, ref)}
     table = "\n".join(
-        f"  {n:>7}: backward along its trajectory aten {ea:.1e} python {ep:.1e}; "
-        f"whole aten {wa:.1e} python {wp:.1e}"
+        f"  {n:>7}: backward along its trajectory aten {ea:.1e} python {ep:.1e}; whole aten {wa:.1e} python {wp:.1e}"
         for n, ea, ep, wa, wp in zip(names, err_aten, err_py, whole["aten"], whole["python"])
     )
     with capsys.disabled():

@@ -208,8 +208,11 @@ def test_loop_replays_its_graph(monkeypatch, graphs, lengths):
                 dst.copy_(src)
         args = [a.requires_grad_() for a in static]
         got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args, lens)
-        ref = _outputs_and_grads(lltm_reference, [a.detach().double().cpu().requires_grad_() for a in args],
-                                 None if lens is None else lens.cpu())
+        ref = _outputs_and_grads(
+            lltm_reference,
+            [a.detach().double().cpu().requires_grad_() for a in args],
+            None if lens is None else lens.cpu(),
+        )
         for name, g, r in zip(("output", "h_n", "c_n") + NAMES, got, ref):
             assert _rel_err(g, r) <= 1e-5, f"call {call}, {name}"
         del got  # every call then gets the same blocks from the caching allocator: one key per direction

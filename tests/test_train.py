@@ -21,8 +21,23 @@ from lltm.train.tasks import AddingTask, CharLMTask, CopyTask, make_task, shard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Small everything: each run takes about a second on two cores.
-SMALL = ["--hidden", "16", "--embed", "8", "--batch", "8", "--log-every", "2", "--eval-every", "3",
-         "--eval-batches", "2", "--quiet", "--device", "cpu"]
+SMALL = [
+    "--hidden",
+    "16",
+    "--embed",
+    "8",
+    "--batch",
+    "8",
+    "--log-every",
+    "2",
+    "--eval-every",
+    "3",
+    "--eval-batches",
+    "2",
+    "--quiet",
+    "--device",
+    "cpu",
+]
 
 
 def _train(tmp_path, *args: str, out: str = "out") -> int:
@@ -166,23 +181,57 @@ def test_train_compare_smoke(tmp_path, task, capsys):
 
 def test_charlm_learns(tmp_path):
     """40 steps bring the held-out loss of a tiny LLTM well below uniform guessing (ln 256)."""
-    assert _train(tmp_path, "--task", "charlm", "--seq-len", "16", "--steps", "40", "--eval-every", "40",
-                  "--lr", "1e-2", "--no-plot") == 0
+    assert (
+        _train(
+            tmp_path,
+            "--task",
+            "charlm",
+            "--seq-len",
+            "16",
+            "--steps",
+            "40",
+            "--eval-every",
+            "40",
+            "--lr",
+            "1e-2",
+            "--no-plot",
+        )
+        == 0
+    )
     evals = [r for r in _rows(tmp_path / "out" / "lltm.jsonl") if r["kind"] == "eval"]
     assert evals[-1]["loss"] < math.log(256) - 1.0
 
 
 @pytest.mark.parametrize("model,backend", [("lstm", "auto"), ("lltm", "python"), ("lltm", "aten"), ("lltm", "auto")])
 def test_bf16_autocast_on_cpu(tmp_path, model, backend):
-    assert _train(tmp_path, "--task", "adding", "--steps", "4", "--dtype", "bfloat16", "--model", model,
-                  "--backend", backend, "--no-plot") == 0
+    assert (
+        _train(
+            tmp_path,
+            "--task",
+            "adding",
+            "--steps",
+            "4",
+            "--dtype",
+            "bfloat16",
+            "--model",
+            model,
+            "--backend",
+            backend,
+            "--no-plot",
+        )
+        == 0
+    )
     rows = _rows(tmp_path / "out" / f"{model}.jsonl")
     assert rows[0]["bf16"] is True and math.isfinite(rows[-1]["loss"])
 
 
 def test_compile_smoke(tmp_path):
-    assert _train(tmp_path, "--task", "copy", "--seq-len", "5", "--copy-len", "2", "--steps", "2", "--compile",
-                  "--no-plot") == 0
+    assert (
+        _train(
+            tmp_path, "--task", "copy", "--seq-len", "5", "--copy-len", "2", "--steps", "2", "--compile", "--no-plot"
+        )
+        == 0
+    )
     assert math.isfinite(_rows(tmp_path / "out" / "lltm.jsonl")[-1]["loss"])
 
 
@@ -242,8 +291,10 @@ def test_resume_is_bit_exact(tmp_path):
 
 
 def test_keep_last_k(tmp_path):
-    assert _train(tmp_path, *RESUME, "--steps", "9", "--ckpt-every", "1", "--keep", "2",
-                  "--ckpt", str(tmp_path / "ck")) == 0
+    assert (
+        _train(tmp_path, *RESUME, "--steps", "9", "--ckpt-every", "1", "--keep", "2", "--ckpt", str(tmp_path / "ck"))
+        == 0
+    )
     assert sorted(os.listdir(tmp_path / "ck")) == ["ckpt-00000008.pt", "ckpt-00000009.pt"]
 
 
@@ -283,8 +334,9 @@ def test_killed_mid_save_leaves_the_previous_checkpoint(tmp_path):
         torch.save = dying_save
         cli.main(["train", *{args!r}])
     """)
-    proc = subprocess.run([sys.executable, "-c", script], check=False, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], check=False, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert [s for s, _ in checkpoint.list_checkpoints(str(ck))] == [3]
     assert any(name.startswith(".ckpt-00000006.pt.tmp.") for name in os.listdir(ck))
@@ -316,8 +368,11 @@ def test_resume_needs_a_checkpoint_directory(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--backend", "cpp"], "argument --backend: unknown backend 'cpp'; choose 'auto' or one of 'python', 'aten', "
-                               "'fused'. The tutorial's 'cpp' backend is lltm's 'aten'"),
+        (
+            ["--backend", "cpp"],
+            "argument --backend: unknown backend 'cpp'; choose 'auto' or one of 'python', 'aten', "
+            "'fused'. The tutorial's 'cpp' backend is lltm's 'aten'",
+        ),
         (["--device", "tpu"], "argument --device: not a device: 'tpu' (cpu, cuda or cuda:N)"),
         (["--out", "{file}/sub"], "argument --out: {file} is not a folder, so {file}/sub cannot be created in it"),
         (["--ckpt", "{file}/ck"], "argument --ckpt: {file} is not a folder, so {file}/ck cannot be created in it"),
@@ -365,8 +420,19 @@ DDP = ["--task", "charlm", "--seq-len", "12", "--steps", "4", "--ckpt-every", "2
 
 
 def _torchrun(tmp_path, nproc: int, *args: str) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "lltm", "train", *SMALL, *DDP, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "lltm",
+        "train",
+        *SMALL,
+        *DDP,
+        *args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

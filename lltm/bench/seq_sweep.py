@@ -104,9 +104,7 @@ def _build(name: str, cfg: cases.Config) -> Optional[cases.Case]:
 def sweep_point(T: int, B: int, S: int, dtype: torch.dtype, paths: list[str], rounds: int, mrt: float) -> dict:
     """Every row of one grid point, timed in `rounds` interleaved rounds (each
     row once per round, in turn), so a slow spell of the device hits them alike."""
-    cfg = cases.Config(
-        batch_size=B, features=S, state_size=S, seq=T, device=torch.device("cuda"), dtype=dtype, seed=0
-    )
+    cfg = cases.Config(batch_size=B, features=S, state_size=S, seq=T, device=torch.device("cuda"), dtype=dtype, seed=0)
     floors = {kind: floor_us(kind, T, B, S, S, dtype) for kind in ("cluster", "grid", "loop")}
     point: dict = {"T": T, "B": B, "I": S, "S": S, "times": {}, "plans": {}, "floors": floors, "graphs": {}}
     # row -> (bench row, LLTM_SEQ_PATH setting); the fused rows differ only in the path they force

@@ -66,8 +66,16 @@ def main(argv=None) -> int:
     device = args.device
 
     task = make_task(args.task, seed=0, batch=args.batch, seq_len=args.seq_len)
-    cfg = ModelConfig(kind=args.model, n_in=task.n_in, n_out=task.n_out, hidden=args.hidden, layers=args.layers,
-                      embed=32, tokens=task.tokens, readout=task.readout)
+    cfg = ModelConfig(
+        kind=args.model,
+        n_in=task.n_in,
+        n_out=task.n_out,
+        hidden=args.hidden,
+        layers=args.layers,
+        embed=32,
+        tokens=task.tokens,
+        readout=task.readout,
+    )
     opts = Options(backend=args.backend)
     from lltm.train.ddp import Context
 
@@ -101,15 +109,19 @@ def main(argv=None) -> int:
             times[mode].append((time.perf_counter() - start) / args.steps_per_block * 1e3)
 
     name = device_name(device)
-    print(f"lltm train step: {args.task} {args.model} hidden {args.hidden}, batch {args.batch}, seq {args.seq_len}, "
-          f"{args.layers} layer(s), backend {args.backend}; {name}; torch {torch.__version__}")
+    print(
+        f"lltm train step: {args.task} {args.model} hidden {args.hidden}, batch {args.batch}, seq {args.seq_len}, "
+        f"{args.layers} layer(s), backend {args.backend}; {name}; torch {torch.__version__}"
+    )
     print(f"{args.blocks} interleaved blocks of {args.steps_per_block} steps per mode, after {args.warmup} untimed")
     base = statistics.median(times[modes[0]])
     print(f"{'mode':>28} | {'first step s':>12} | {'median ms/step':>14} | {'min':>8} | {'max':>8} | vs {modes[0]}")
     for mode in modes:
         med = statistics.median(times[mode])
-        print(f"{mode:>28} | {first[mode]:>12.2f} | {med:>14.3f} | {min(times[mode]):>8.3f} | "
-              f"{max(times[mode]):>8.3f} | {med / base:.3f}x")
+        print(
+            f"{mode:>28} | {first[mode]:>12.2f} | {med:>14.3f} | {min(times[mode]):>8.3f} | "
+            f"{max(times[mode]):>8.3f} | {med / base:.3f}x"
+        )
     if args.profile:
         for mode in modes:
             print(f"\n== {mode}: the costliest ops over 10 steady steps")

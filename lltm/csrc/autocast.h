@@ -27,44 +27,34 @@ namespace autocast_detail {
 
 template <c10::DeviceType kDevice, typename T>
 T cast(const T& t) {
-  return at::autocast::cached_cast(at::autocast::get_autocast_dtype(kDevice),
-                                   t, kDevice);
+  return at::autocast::cached_cast(at::autocast::get_autocast_dtype(kDevice), t, kDevice);
 }
 
 template <c10::DeviceType kDevice>
 constexpr c10::DispatchKey autocast_key() {
-  return kDevice == c10::DeviceType::CUDA ? c10::DispatchKey::AutocastCUDA
-                                          : c10::DispatchKey::AutocastCPU;
+  return kDevice == c10::DeviceType::CUDA ? c10::DispatchKey::AutocastCUDA : c10::DispatchKey::AutocastCPU;
 }
 
 template <c10::DeviceType kDevice, std::size_t kBackend>
-CellForwardResult cell_autocast(const at::Tensor& input,
-                                const at::Tensor& weights,
-                                const OptTensor& bias, const at::Tensor& old_h,
-                                const at::Tensor& old_cell) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow(op_name(kBackend, "cell_forward").c_str(), "")
-          .typed<CellForwardSig>();
+CellForwardResult cell_autocast(const at::Tensor& input, const at::Tensor& weights, const OptTensor& bias,
+                                const at::Tensor& old_h, const at::Tensor& old_cell) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(op_name(kBackend, "cell_forward").c_str(), "")
+                             .typed<CellForwardSig>();
   c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key<kDevice>());
-  return op.call(cast<kDevice>(input), cast<kDevice>(weights),
-                 cast<kDevice>(bias), cast<kDevice>(old_h),
+  return op.call(cast<kDevice>(input), cast<kDevice>(weights), cast<kDevice>(bias), cast<kDevice>(old_h),
                  cast<kDevice>(old_cell));
 }
 
 template <c10::DeviceType kDevice, std::size_t kBackend>
-SeqForwardResult seq_autocast(const at::Tensor& input,
-                              const at::Tensor& weights, const OptTensor& bias,
-                              const at::Tensor& h0, const at::Tensor& c0,
-                              const OptTensor& lengths) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow(op_name(kBackend, "seq_forward").c_str(), "")
-          .typed<SeqForwardSig>();
+SeqForwardResult seq_autocast(const at::Tensor& input, const at::Tensor& weights, const OptTensor& bias,
+                              const at::Tensor& h0, const at::Tensor& c0, const OptTensor& lengths) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow(op_name(kBackend, "seq_forward").c_str(), "")
+                             .typed<SeqForwardSig>();
   c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key<kDevice>());
-  return op.call(cast<kDevice>(input), cast<kDevice>(weights),
-                 cast<kDevice>(bias), cast<kDevice>(h0), cast<kDevice>(c0),
-                 lengths);
+  return op.call(cast<kDevice>(input), cast<kDevice>(weights), cast<kDevice>(bias), cast<kDevice>(h0),
+                 cast<kDevice>(c0), lengths);
 }
 
 // Registers the rules of every backend's forward operators.

@@ -22,18 +22,14 @@ using torch::autograd::variable_list;
 template <std::size_t kBackend>
 class CellFunction : public torch::autograd::Function<CellFunction<kBackend>> {
  public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
-                               const at::Tensor& weights,
-                               const std::optional<at::Tensor>& bias,
-                               const at::Tensor& old_h,
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weights,
+                               const std::optional<at::Tensor>& bias, const at::Tensor& old_h,
                                const at::Tensor& old_cell) {
-    static const auto op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow(op_name(kBackend, "cell_forward").c_str(), "")
-            .template typed<CellForwardSig>();
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow(op_name(kBackend, "cell_forward").c_str(), "")
+                               .template typed<CellForwardSig>();
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [new_h, new_cell, gates] =
-        op.call(input, weights, bias, old_h, old_cell);
+    auto [new_h, new_cell, gates] = op.call(input, weights, bias, old_h, old_cell);
     // old_cell is not needed: d new_cell / d old_cell = 1.
     ctx->save_for_backward({new_cell, gates, input, weights, old_h});
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
@@ -45,10 +41,9 @@ class CellFunction : public torch::autograd::Function<CellFunction<kBackend>> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow(op_name(kBackend, "cell_backward").c_str(), "")
-            .template typed<CellBackwardSig>();
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow(op_name(kBackend, "cell_backward").c_str(), "")
+                               .template typed<CellBackwardSig>();
     const auto saved = ctx->get_saved_variables();
     // grads[0..1]: new_h, new_cell (undefined when unused);
     // grads[2] belongs to the non-differentiable gates and is ignored.
@@ -61,9 +56,8 @@ class CellFunction : public torch::autograd::Function<CellFunction<kBackend>> {
     variable_list out;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      out = asked_only(op.call(grad_or_zeros(grads[0]), grad_or_zeros(grads[1]),
-                               saved[0], saved[1], saved[2], saved[3],
-                               saved[4], mask),
+      out = asked_only(op.call(grad_or_zeros(grads[0]), grad_or_zeros(grads[1]), saved[0], saved[1], saved[2],
+                               saved[3], saved[4], mask),
                        mask);
     }
     return once_differentiable(std::move(out), kBackend);
@@ -71,13 +65,10 @@ class CellFunction : public torch::autograd::Function<CellFunction<kBackend>> {
 };
 
 template <std::size_t kBackend>
-CellForwardResult cell_forward_autograd(const at::Tensor& input,
-                                        const at::Tensor& weights,
-                                        const std::optional<at::Tensor>& bias,
-                                        const at::Tensor& old_h,
+CellForwardResult cell_forward_autograd(const at::Tensor& input, const at::Tensor& weights,
+                                        const std::optional<at::Tensor>& bias, const at::Tensor& old_h,
                                         const at::Tensor& old_cell) {
-  auto out = CellFunction<kBackend>::apply(input, weights, bias, old_h,
-                                           old_cell);
+  auto out = CellFunction<kBackend>::apply(input, weights, bias, old_h, old_cell);
   return {out[0], out[1], out[2]};
 }
 
@@ -87,7 +78,6 @@ CellForwardResult cell_forward_autograd(const at::Tensor& input,
 TORCH_LIBRARY_IMPL(lltm, Autograd, m) {
   lltm::for_each_backend([&](auto backend) {
     constexpr std::size_t b = decltype(backend)::value;
-    m.impl((lltm::backend_name(b) + "_cell_forward").c_str(),
-           &lltm::cell_forward_autograd<b>);
+    m.impl((lltm::backend_name(b) + "_cell_forward").c_str(), &lltm::cell_forward_autograd<b>);
   });
 }

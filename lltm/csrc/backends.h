@@ -24,8 +24,7 @@ namespace backends_detail {
 
 #define LLTM_STRINGIFY_BACKENDS_(...) #__VA_ARGS__
 #define LLTM_STRINGIFY_BACKENDS(...) LLTM_STRINGIFY_BACKENDS_(__VA_ARGS__)
-inline constexpr std::string_view kList =
-    LLTM_STRINGIFY_BACKENDS(LLTM_COMPILED_BACKENDS);
+inline constexpr std::string_view kList = LLTM_STRINGIFY_BACKENDS(LLTM_COMPILED_BACKENDS);
 
 constexpr std::size_t count(std::string_view list) {
   std::size_t n = 1;
@@ -48,15 +47,11 @@ constexpr std::array<std::string_view, N> split(std::string_view list) {
 
 // Every compiled backend has the same four operators,
 // lltm::<backend>_{cell,seq}_{forward,backward}.
-inline constexpr std::size_t kNumCompiledBackends =
-    backends_detail::count(backends_detail::kList);
-inline constexpr std::array<std::string_view, kNumCompiledBackends>
-    kCompiledBackends =
-        backends_detail::split<kNumCompiledBackends>(backends_detail::kList);
+inline constexpr std::size_t kNumCompiledBackends = backends_detail::count(backends_detail::kList);
+inline constexpr std::array<std::string_view, kNumCompiledBackends> kCompiledBackends =
+    backends_detail::split<kNumCompiledBackends>(backends_detail::kList);
 
-inline std::string backend_name(std::size_t backend) {
-  return std::string(kCompiledBackends[backend]);
-}
+inline std::string backend_name(std::size_t backend) { return std::string(kCompiledBackends[backend]); }
 
 // "lltm::<backend>_<what>", e.g. op_name(0, "cell_forward").
 inline std::string op_name(std::size_t backend, const char* what) {
@@ -72,8 +67,7 @@ void for_each_backend_impl(F&& f, std::index_sequence<I...>) {
 }
 template <typename F>
 void for_each_backend(F&& f) {
-  for_each_backend_impl(std::forward<F>(f),
-                        std::make_index_sequence<kNumCompiledBackends>{});
+  for_each_backend_impl(std::forward<F>(f), std::make_index_sequence<kNumCompiledBackends>{});
 }
 
 }  // namespace lltm

@@ -10,38 +10,31 @@ namespace lltm {
 namespace {
 
 bool is_supported_dtype(at::ScalarType t) {
-  return t == at::kFloat || t == at::kDouble || t == at::kHalf ||
-         t == at::kBFloat16;
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
 
-void check_rank(const char* op, const at::Tensor& t, const char* name,
-                int64_t rank, const char* layout) {
-  TORCH_CHECK_VALUE(t.defined(), op, ": ", name, " is undefined; expected a tensor ",
-              layout);
+void check_rank(const char* op, const at::Tensor& t, const char* name, int64_t rank, const char* layout) {
+  TORCH_CHECK_VALUE(t.defined(), op, ": ", name, " is undefined; expected a tensor ", layout);
   TORCH_CHECK_TYPE(t.layout() == at::kStrided, op, ": expected ", name,
-                   " to be a dense (strided) tensor, but got layout ",
-                   t.layout(), " (call .to_dense())");
-  TORCH_CHECK_VALUE(t.dim() == rank, op, ": expected ", name, " to be a ", rank,
-              "-D tensor ", layout, ", but got a ", t.dim(),
-              "-D tensor of shape ", t.sizes());
+                   " to be a dense (strided) tensor, but got layout ", t.layout(), " (call .to_dense())");
+  TORCH_CHECK_VALUE(t.dim() == rank, op, ": expected ", name, " to be a ", rank, "-D tensor ", layout,
+                    ", but got a ", t.dim(), "-D tensor of shape ", t.sizes());
 }
 
-void check_shape(const char* op, const at::Tensor& t, const char* name,
-                 at::IntArrayRef expected, const char* layout) {
-  TORCH_CHECK_VALUE(t.sizes() == expected, op, ": expected ", name, " of shape ",
-              layout, " = ", expected, ", but got ", t.sizes());
+void check_shape(const char* op, const at::Tensor& t, const char* name, at::IntArrayRef expected,
+                 const char* layout) {
+  TORCH_CHECK_VALUE(t.sizes() == expected, op, ": expected ", name, " of shape ", layout, " = ", expected,
+                    ", but got ", t.sizes());
 }
 
 // All tensors share the dtype and device of `ref` (the first argument).
-void check_like(const char* op, const at::Tensor& t, const char* name,
-                const at::Tensor& ref, const char* ref_name) {
-  TORCH_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), op, ": expected ", name,
-              " to have dtype ", ref.scalar_type(), " like ", ref_name,
-              ", but got ", t.scalar_type(),
-              " (cast all arguments to one dtype)");
-  TORCH_CHECK(t.device() == ref.device(), op, ": expected ", name,
-              " on device ", ref.device(), " like ", ref_name, ", but got ",
-              t.device(), " (move all arguments to one device)");
+void check_like(const char* op, const at::Tensor& t, const char* name, const at::Tensor& ref,
+                const char* ref_name) {
+  TORCH_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), op, ": expected ", name, " to have dtype ",
+                   ref.scalar_type(), " like ", ref_name, ", but got ", t.scalar_type(),
+                   " (cast all arguments to one dtype)");
+  TORCH_CHECK(t.device() == ref.device(), op, ": expected ", name, " on device ", ref.device(), " like ",
+              ref_name, ", but got ", t.device(), " (move all arguments to one device)");
 }
 
 void check_dtype(const char* op, const at::Tensor& input) {
@@ -54,28 +47,25 @@ void check_dtype(const char* op, const at::Tensor& input) {
 // weights (3S, S + I) against an input whose last dimension is I. A width
 // mismatch is reported against the input (its feature count is the one
 // that is usually wrong), naming the count the weights expect.
-void check_weights(const char* op, const at::Tensor& weights,
-                   const at::Tensor& input, const char* input_name) {
-  check_rank(op, weights, "weights", 2,
-             "(3 * state_size, state_size + input_features)");
-  TORCH_CHECK_VALUE(weights.size(0) % 3 == 0, op,
-                    ": expected weights.size(0) to be 3 * state_size, but got ",
+void check_weights(const char* op, const at::Tensor& weights, const at::Tensor& input,
+                   const char* input_name) {
+  check_rank(op, weights, "weights", 2, "(3 * state_size, state_size + input_features)");
+  TORCH_CHECK_VALUE(weights.size(0) % 3 == 0, op, ": expected weights.size(0) to be 3 * state_size, but got ",
                     weights.size(0), " (not a multiple of 3)");
   const int64_t state = weights.size(0) / 3;
   const int64_t features = input.size(-1);
   TORCH_CHECK_VALUE(weights.size(1) >= state, op, ": expected weights of shape ",
-                    "(3 * state_size, state_size + input_features) with ",
-                    "state_size = ", state, ", but got ", weights.sizes());
-  TORCH_CHECK_VALUE(
-      weights.size(1) == state + features, op, ": expected ", input_name,
-      " with ", weights.size(1) - state,
-      " input features (weights.size(1) - state_size = ", weights.size(1),
-      " - ", state, "), but got ", input_name, " of shape ", input.sizes());
+                    "(3 * state_size, state_size + input_features) with ", "state_size = ", state,
+                    ", but got ", weights.sizes());
+  TORCH_CHECK_VALUE(weights.size(1) == state + features, op, ": expected ", input_name, " with ",
+                    weights.size(1) - state,
+                    " input features (weights.size(1) - state_size = ", weights.size(1), " - ", state,
+                    "), but got ", input_name, " of shape ", input.sizes());
   check_like(op, weights, "weights", input, input_name);
 }
 
-void check_bias(const char* op, const std::optional<at::Tensor>& bias,
-                int64_t state, const at::Tensor& input) {
+void check_bias(const char* op, const std::optional<at::Tensor>& bias, int64_t state,
+                const at::Tensor& input) {
   if (bias.has_value() && bias->defined()) {
     check_rank(op, *bias, "bias", 1, "(3 * state_size,)");
     check_shape(op, *bias, "bias", {3 * state}, "(3 * state_size,)");
@@ -83,33 +73,28 @@ void check_bias(const char* op, const std::optional<at::Tensor>& bias,
   }
 }
 
-void check_state(const char* op, const at::Tensor& t, const char* name,
-                 int64_t batch, int64_t state, const at::Tensor& input) {
+void check_state(const char* op, const at::Tensor& t, const char* name, int64_t batch, int64_t state,
+                 const at::Tensor& input) {
   check_rank(op, t, name, 2, "(batch, state_size)");
   check_shape(op, t, name, {batch, state}, "(batch, state_size)");
   check_like(op, t, name, input, "input");
 }
 
-void check_lengths(const char* op, const std::optional<at::Tensor>& lengths,
-                   int64_t batch, const at::Tensor& input) {
+void check_lengths(const char* op, const std::optional<at::Tensor>& lengths, int64_t batch,
+                   const at::Tensor& input) {
   if (!lengths.has_value() || !lengths->defined()) return;
   check_rank(op, *lengths, "lengths", 1, "(batch,)");
   check_shape(op, *lengths, "lengths", {batch}, "(batch,)");
   TORCH_CHECK_TYPE(lengths->scalar_type() == at::kLong, op,
-                   ": expected lengths of dtype Long (int64), but got ",
-                   lengths->scalar_type());
-  TORCH_CHECK(lengths->device() == input.device(), op,
-              ": expected lengths on device ", input.device(),
-              " like input, but got ", lengths->device(),
-              " (move all arguments to one device)");
+                   ": expected lengths of dtype Long (int64), but got ", lengths->scalar_type());
+  TORCH_CHECK(lengths->device() == input.device(), op, ": expected lengths on device ", input.device(),
+              " like input, but got ", lengths->device(), " (move all arguments to one device)");
 }
 
 }  // namespace
 
-void check_cell_forward_args(const char* op, const at::Tensor& input,
-                             const at::Tensor& weights,
-                             const std::optional<at::Tensor>& bias,
-                             const at::Tensor& old_h,
+void check_cell_forward_args(const char* op, const at::Tensor& input, const at::Tensor& weights,
+                             const std::optional<at::Tensor>& bias, const at::Tensor& old_h,
                              const at::Tensor& old_cell) {
   check_rank(op, input, "input", 2, "(batch, input_features)");
   check_dtype(op, input);
@@ -121,33 +106,26 @@ void check_cell_forward_args(const char* op, const at::Tensor& input,
   check_state(op, old_cell, "old_cell", batch, state, input);
 }
 
-void check_cell_backward_args(const char* op, const at::Tensor& grad_h,
-                              const at::Tensor& grad_cell,
-                              const at::Tensor& new_cell,
-                              const at::Tensor& gates, const at::Tensor& input,
-                              const at::Tensor& weights,
-                              const at::Tensor& old_h) {
+void check_cell_backward_args(const char* op, const at::Tensor& grad_h, const at::Tensor& grad_cell,
+                              const at::Tensor& new_cell, const at::Tensor& gates, const at::Tensor& input,
+                              const at::Tensor& weights, const at::Tensor& old_h) {
   check_rank(op, input, "input", 2, "(batch, input_features)");
   check_dtype(op, input);
   check_weights(op, weights, input, "input");
   const int64_t batch = input.size(0);
   const int64_t state = weights.size(0) / 3;
   const std::pair<const at::Tensor*, const char*> state_args[] = {
-      {&grad_h, "grad_h"}, {&grad_cell, "grad_cell"},
-      {&new_cell, "new_cell"}, {&old_h, "old_h"}};
+      {&grad_h, "grad_h"}, {&grad_cell, "grad_cell"}, {&new_cell, "new_cell"}, {&old_h, "old_h"}};
   for (const auto& [t, name] : state_args) {
     check_state(op, *t, name, batch, state, input);
   }
   check_rank(op, gates, "gates", 2, "(batch, 3 * state_size)");
-  check_shape(op, gates, "gates", {batch, 3 * state},
-              "(batch, 3 * state_size)");
+  check_shape(op, gates, "gates", {batch, 3 * state}, "(batch, 3 * state_size)");
   check_like(op, gates, "gates", input, "input");
 }
 
-void check_seq_forward_args(const char* op, const at::Tensor& input,
-                            const at::Tensor& weights,
-                            const std::optional<at::Tensor>& bias,
-                            const at::Tensor& h0, const at::Tensor& c0,
+void check_seq_forward_args(const char* op, const at::Tensor& input, const at::Tensor& weights,
+                            const std::optional<at::Tensor>& bias, const at::Tensor& h0, const at::Tensor& c0,
                             const std::optional<at::Tensor>& lengths) {
   check_rank(op, input, "input", 3, "(seq_len, batch, input_features)");
   check_dtype(op, input);
@@ -160,12 +138,10 @@ void check_seq_forward_args(const char* op, const at::Tensor& input,
   check_lengths(op, lengths, batch, input);
 }
 
-void check_seq_backward_args(const char* op,
-                             const std::optional<at::Tensor>& grad_output,
+void check_seq_backward_args(const char* op, const std::optional<at::Tensor>& grad_output,
                              const std::optional<at::Tensor>& grad_h_n,
-                             const std::optional<at::Tensor>& grad_c_n,
-                             const at::Tensor& input, const at::Tensor& weights,
-                             const at::Tensor& h0, const at::Tensor& c0,
+                             const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
+                             const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& c0,
                              const at::Tensor& output, const at::Tensor& gates,
                              const std::optional<at::Tensor>& lengths) {
   check_rank(op, input, "input", 3, "(seq_len, batch, input_features)");
@@ -177,8 +153,7 @@ void check_seq_backward_args(const char* op,
   check_state(op, h0, "h0", batch, state, input);
   check_state(op, c0, "c0", batch, state, input);
   for (const auto& [t, name] :
-       {std::pair<const std::optional<at::Tensor>*, const char*>{&grad_h_n,
-                                                                 "grad_h_n"},
+       {std::pair<const std::optional<at::Tensor>*, const char*>{&grad_h_n, "grad_h_n"},
         {&grad_c_n, "grad_c_n"}}) {
     if (t->has_value() && (*t)->defined()) {
       check_state(op, **t, name, batch, state, input);
@@ -194,8 +169,7 @@ void check_seq_backward_args(const char* op,
     check_like(op, *grad_output, "grad_output", input, "input");
   }
   check_rank(op, gates, "gates", 3, "(seq_len, batch, 3 * state_size)");
-  check_shape(op, gates, "gates", {steps, batch, 3 * state},
-              "(seq_len, batch, 3 * state_size)");
+  check_shape(op, gates, "gates", {steps, batch, 3 * state}, "(seq_len, batch, 3 * state_size)");
   check_like(op, gates, "gates", input, "input");
   check_lengths(op, lengths, batch, input);
 }

@@ -39,16 +39,14 @@ namespace lltm {
 
 using CellForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 // (grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell)
-using CellBackwardResult =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using CellBackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 // Which of the five backward outputs to compute, in the order above. An
 // output not asked for is returned as an empty tensor of shape (0,), a fresh
 // one per output (outputs of an operator must not alias each other).
 using OutputMask = std::array<bool, 5>;
 
 // (output, h_n, c_n, gates)
-using SeqForwardResult =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using SeqForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 // (grad_input, grad_weights, grad_bias, grad_h0, grad_c0); output_mask as
 // for the cell.
 using SeqBackwardResult = CellBackwardResult;
@@ -56,36 +54,29 @@ using SeqBackwardResult = CellBackwardResult;
 // The operators' C++ signatures, as the schemas in ops.cpp declare them
 // (typed dispatcher handles in the autograd and autocast kernels use them).
 using OptTensor = std::optional<at::Tensor>;
-using CellForwardSig = CellForwardResult(const at::Tensor& input,
-                                         const at::Tensor& weights,
-                                         const OptTensor& bias,
-                                         const at::Tensor& old_h,
+using CellForwardSig = CellForwardResult(const at::Tensor& input, const at::Tensor& weights,
+                                         const OptTensor& bias, const at::Tensor& old_h,
                                          const at::Tensor& old_cell);
-using CellBackwardSig = CellBackwardResult(
-    const at::Tensor& grad_h, const at::Tensor& grad_cell,
-    const at::Tensor& new_cell, const at::Tensor& gates,
-    const at::Tensor& input, const at::Tensor& weights,
-    const at::Tensor& old_h, OutputMask output_mask);
-using SeqForwardSig = SeqForwardResult(const at::Tensor& input,
-                                       const at::Tensor& weights,
-                                       const OptTensor& bias,
-                                       const at::Tensor& h0,
-                                       const at::Tensor& c0,
+using CellBackwardSig = CellBackwardResult(const at::Tensor& grad_h, const at::Tensor& grad_cell,
+                                           const at::Tensor& new_cell, const at::Tensor& gates,
+                                           const at::Tensor& input, const at::Tensor& weights,
+                                           const at::Tensor& old_h, OutputMask output_mask);
+using SeqForwardSig = SeqForwardResult(const at::Tensor& input, const at::Tensor& weights,
+                                       const OptTensor& bias, const at::Tensor& h0, const at::Tensor& c0,
                                        const OptTensor& lengths);
-using SeqBackwardSig = SeqBackwardResult(
-    const OptTensor& grad_output, const OptTensor& grad_h_n,
-    const OptTensor& grad_c_n, const at::Tensor& input,
-    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& c0,
-    const at::Tensor& output, const at::Tensor& gates,
-    const OptTensor& lengths, OutputMask output_mask);
+using SeqBackwardSig = SeqBackwardResult(const OptTensor& grad_output, const OptTensor& grad_h_n,
+                                         const OptTensor& grad_c_n, const at::Tensor& input,
+                                         const at::Tensor& weights, const at::Tensor& h0,
+                                         const at::Tensor& c0, const at::Tensor& output,
+                                         const at::Tensor& gates, const OptTensor& lengths,
+                                         OutputMask output_mask);
 
 // The prologue of every backward operator: which of the five gradients
 // (input, weights, bias, state h, state c) output_mask asks for, and the
 // outputs of those it does not.
 struct AskedGradients {
   AskedGradients(const OutputMask& mask, const at::TensorOptions& options)
-      : input(mask[0]), weights(mask[1]), bias(mask[2]), h(mask[3]),
-        c(mask[4]), options(options) {}
+      : input(mask[0]), weights(mask[1]), bias(mask[2]), h(mask[3]), c(mask[4]), options(options) {}
 
   const bool input, weights, bias, h, c;
   const at::TensorOptions options;
@@ -100,8 +91,7 @@ struct AskedGradients {
   }
   // The result when nothing is asked for.
   CellBackwardResult placeholders() const {
-    return {placeholder(), placeholder(), placeholder(), placeholder(),
-            placeholder()};
+    return {placeholder(), placeholder(), placeholder(), placeholder(), placeholder()};
   }
 };
 
@@ -110,63 +100,45 @@ struct AskedGradients {
 // Validates the arguments of a cell forward: ranks, matching sizes, one
 // floating dtype and one device for all tensors. Errors name the argument,
 // what was expected and what was given. `op` names the caller in messages.
-void check_cell_forward_args(const char* op, const at::Tensor& input,
-                             const at::Tensor& weights,
-                             const std::optional<at::Tensor>& bias,
-                             const at::Tensor& old_h,
+void check_cell_forward_args(const char* op, const at::Tensor& input, const at::Tensor& weights,
+                             const std::optional<at::Tensor>& bias, const at::Tensor& old_h,
                              const at::Tensor& old_cell);
 
 // Validates the arguments of a cell backward against the forward's shapes.
-void check_cell_backward_args(const char* op, const at::Tensor& grad_h,
-                              const at::Tensor& grad_cell,
-                              const at::Tensor& new_cell,
-                              const at::Tensor& gates, const at::Tensor& input,
-                              const at::Tensor& weights,
-                              const at::Tensor& old_h);
+void check_cell_backward_args(const char* op, const at::Tensor& grad_h, const at::Tensor& grad_cell,
+                              const at::Tensor& new_cell, const at::Tensor& gates, const at::Tensor& input,
+                              const at::Tensor& weights, const at::Tensor& old_h);
 
 // Validates the arguments of a sequence forward / backward, with the same
 // rules and messages as the cell's.
-void check_seq_forward_args(const char* op, const at::Tensor& input,
-                            const at::Tensor& weights,
-                            const std::optional<at::Tensor>& bias,
-                            const at::Tensor& h0, const at::Tensor& c0,
+void check_seq_forward_args(const char* op, const at::Tensor& input, const at::Tensor& weights,
+                            const std::optional<at::Tensor>& bias, const at::Tensor& h0, const at::Tensor& c0,
                             const std::optional<at::Tensor>& lengths);
-void check_seq_backward_args(const char* op,
-                             const std::optional<at::Tensor>& grad_output,
+void check_seq_backward_args(const char* op, const std::optional<at::Tensor>& grad_output,
                              const std::optional<at::Tensor>& grad_h_n,
-                             const std::optional<at::Tensor>& grad_c_n,
-                             const at::Tensor& input, const at::Tensor& weights,
-                             const at::Tensor& h0, const at::Tensor& c0,
+                             const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
+                             const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& c0,
                              const at::Tensor& output, const at::Tensor& gates,
                              const std::optional<at::Tensor>& lengths);
 
 // ATen backend (aten/cell_aten.cpp, aten/seq_aten.cpp): ATen ops only, so it runs on any device.
-CellForwardResult aten_cell_forward(const at::Tensor& input,
-                                    const at::Tensor& weights,
-                                    const std::optional<at::Tensor>& bias,
-                                    const at::Tensor& old_h,
+CellForwardResult aten_cell_forward(const at::Tensor& input, const at::Tensor& weights,
+                                    const std::optional<at::Tensor>& bias, const at::Tensor& old_h,
                                     const at::Tensor& old_cell);
-CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
-                                      const at::Tensor& grad_cell,
-                                      const at::Tensor& new_cell,
-                                      const at::Tensor& gates,
-                                      const at::Tensor& input,
-                                      const at::Tensor& weights,
-                                      const at::Tensor& old_h,
-                                      OutputMask output_mask);
+CellBackwardResult aten_cell_backward(const at::Tensor& grad_h, const at::Tensor& grad_cell,
+                                      const at::Tensor& new_cell, const at::Tensor& gates,
+                                      const at::Tensor& input, const at::Tensor& weights,
+                                      const at::Tensor& old_h, OutputMask output_mask);
 
-SeqForwardResult aten_seq_forward(const at::Tensor& input,
-                                  const at::Tensor& weights,
-                                  const std::optional<at::Tensor>& bias,
-                                  const at::Tensor& h0, const at::Tensor& c0,
-                                  const std::optional<at::Tensor>& lengths);
-SeqBackwardResult aten_seq_backward(
-    const std::optional<at::Tensor>& grad_output,
-    const std::optional<at::Tensor>& grad_h_n,
-    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
-    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& c0,
-    const at::Tensor& output, const at::Tensor& gates,
-    const std::optional<at::Tensor>& lengths, OutputMask output_mask);
+SeqForwardResult aten_seq_forward(const at::Tensor& input, const at::Tensor& weights,
+                                  const std::optional<at::Tensor>& bias, const at::Tensor& h0,
+                                  const at::Tensor& c0, const std::optional<at::Tensor>& lengths);
+SeqBackwardResult aten_seq_backward(const std::optional<at::Tensor>& grad_output,
+                                    const std::optional<at::Tensor>& grad_h_n,
+                                    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
+                                    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& c0,
+                                    const at::Tensor& output, const at::Tensor& gates,
+                                    const std::optional<at::Tensor>& lengths, OutputMask output_mask);
 
 // Shared by the sequence backward operators (seq_shared.cpp):
 //
@@ -183,39 +155,29 @@ at::Tensor seq_cells(const at::Tensor& c0, const at::Tensor& gates);
 // every step's gate pre-activations, as one GEMM / reduction each over all
 // T*B rows, with ATen ops. An output not asked for is a placeholder.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> seq_parameter_gradients(
-    const at::Tensor& d_pre, const at::Tensor& input, const at::Tensor& weights,
-    const at::Tensor& h0, const at::Tensor& output,
-    const AskedGradients& asked);
+    const at::Tensor& d_pre, const at::Tensor& input, const at::Tensor& weights, const at::Tensor& h0,
+    const at::Tensor& output, const AskedGradients& asked);
 
 // Fused CUDA backend (cuda/cell_forward.cu, cuda/cell_backward.cu), compiled
 // only with CUDA.
-CellForwardResult fused_cell_forward_cuda(const at::Tensor& input,
-                                          const at::Tensor& weights,
-                                          const std::optional<at::Tensor>& bias,
-                                          const at::Tensor& old_h,
+CellForwardResult fused_cell_forward_cuda(const at::Tensor& input, const at::Tensor& weights,
+                                          const std::optional<at::Tensor>& bias, const at::Tensor& old_h,
                                           const at::Tensor& old_cell);
-CellBackwardResult fused_cell_backward_cuda(const at::Tensor& grad_h,
-                                            const at::Tensor& grad_cell,
-                                            const at::Tensor& new_cell,
-                                            const at::Tensor& gates,
-                                            const at::Tensor& input,
-                                            const at::Tensor& weights,
-                                            const at::Tensor& old_h,
-                                            OutputMask output_mask);
+CellBackwardResult fused_cell_backward_cuda(const at::Tensor& grad_h, const at::Tensor& grad_cell,
+                                            const at::Tensor& new_cell, const at::Tensor& gates,
+                                            const at::Tensor& input, const at::Tensor& weights,
+                                            const at::Tensor& old_h, OutputMask output_mask);
 // Fused CUDA sequence operators (cuda/seq_forward.cu, cuda/seq_backward.cu).
-SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,
-                                        const at::Tensor& weights,
-                                        const std::optional<at::Tensor>& bias,
-                                        const at::Tensor& h0,
-                                        const at::Tensor& c0,
-                                        const std::optional<at::Tensor>& lengths);
-SeqBackwardResult fused_seq_backward_cuda(
-    const std::optional<at::Tensor>& grad_output,
-    const std::optional<at::Tensor>& grad_h_n,
-    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
-    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& c0,
-    const at::Tensor& output, const at::Tensor& gates,
-    const std::optional<at::Tensor>& lengths, OutputMask output_mask);
+SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input, const at::Tensor& weights,
+                                        const std::optional<at::Tensor>& bias, const at::Tensor& h0,
+                                        const at::Tensor& c0, const std::optional<at::Tensor>& lengths);
+SeqBackwardResult fused_seq_backward_cuda(const std::optional<at::Tensor>& grad_output,
+                                          const std::optional<at::Tensor>& grad_h_n,
+                                          const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
+                                          const at::Tensor& weights, const at::Tensor& h0,
+                                          const at::Tensor& c0, const at::Tensor& output,
+                                          const at::Tensor& gates, const std::optional<at::Tensor>& lengths,
+                                          OutputMask output_mask);
 // seq_cells for CUDA tensors (cuda/seq_backward.cu): one thread per (row,
 // unit) walking t, with the loads of several steps in flight.
 at::Tensor seq_cells_cuda(const at::Tensor& c0, const at::Tensor& gates);
@@ -223,9 +185,8 @@ at::Tensor seq_cells_cuda(const at::Tensor& c0, const at::Tensor& gates);
 // of `dtype` on CUDA device `device`: every candidate path with the cost
 // model's estimate, and the choice (cuda/seq_persistent.cu;
 // lltm::_fused_cuda_seq_plan, read by the benchmarks).
-std::string fused_cuda_seq_plan(bool backward, int64_t steps, int64_t batch,
-                                int64_t state, c10::ScalarType dtype,
-                                int64_t device);
+std::string fused_cuda_seq_plan(bool backward, int64_t steps, int64_t batch, int64_t state,
+                                c10::ScalarType dtype, int64_t device);
 // (eager first sightings, captures, replays) of the CUDA graphs of the fused
 // CUDA step loops since the process started (cuda/seq_graph.cpp;
 // lltm::_fused_cuda_seq_graph_stats, read by tests and benchmarks).

@@ -79,9 +79,10 @@ TORCH_LIBRARY(lltm, m) {
   m.def("_build_info() -> str", &build_info);
   m.def("_compiled_backends() -> str[]", &compiled_backends);
 #ifdef LLTM_WITH_CUDA
-  m.def("_fused_cuda_seq_plan(bool backward, int steps, int batch, int state, "
-        "ScalarType dtype, int device) -> str",
-        &lltm::fused_cuda_seq_plan);
+  m.def(
+      "_fused_cuda_seq_plan(bool backward, int steps, int batch, int state, "
+      "ScalarType dtype, int device) -> str",
+      &lltm::fused_cuda_seq_plan);
   m.def("_fused_cuda_seq_graph_stats() -> int[]", &lltm::fused_cuda_seq_graph_stats);
 #endif
 }
@@ -89,7 +90,6 @@ TORCH_LIBRARY(lltm, m) {
 // `import lltm._C` loads this library (and so runs the registrations above)
 // for ahead-of-time builds; the module itself has no Python members.
 extern "C" PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C",
-                                          nullptr, -1, nullptr};
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
   return PyModule_Create(&module_def);
 }

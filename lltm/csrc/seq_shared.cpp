@@ -6,7 +6,6 @@
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
-
 #include <ATen/Version.h>
 
 #include <algorithm>
@@ -37,10 +36,8 @@ bool cpu_kernels_fuse_multiply_add() {
 // much as the rest of the backward at T=50, B=16, S=128). The state is
 // carried in the tensor's dtype, as the forward stores it after every step.
 template <typename scalar_t, typename Update>
-inline void cells_cpu_rows(const scalar_t* gates, const scalar_t* c0,
-                           scalar_t* cells, int64_t steps, int64_t batch,
-                           int64_t state, int64_t begin, int64_t end,
-                           Update update) {
+inline void cells_cpu_rows(const scalar_t* gates, const scalar_t* c0, scalar_t* cells, int64_t steps,
+                           int64_t batch, int64_t state, int64_t begin, int64_t end, Update update) {
   using acc_t = at::opmath_type<scalar_t>;
   for (int64_t b = begin; b < end; ++b) {
     const scalar_t* c_prev = c0 + b * state;
@@ -68,45 +65,40 @@ inline void cells_cpu_rows(const scalar_t* gates, const scalar_t* c0,
 #define LLTM_TARGET_FMA
 #endif
 template <typename scalar_t>
-LLTM_TARGET_FMA void cells_cpu_rows_fma(const scalar_t* gates,
-                                        const scalar_t* c0, scalar_t* cells,
-                                        int64_t steps, int64_t batch,
-                                        int64_t state, int64_t begin,
+LLTM_TARGET_FMA void cells_cpu_rows_fma(const scalar_t* gates, const scalar_t* c0, scalar_t* cells,
+                                        int64_t steps, int64_t batch, int64_t state, int64_t begin,
                                         int64_t end) {
   cells_cpu_rows(gates, c0, cells, steps, batch, state, begin, end,
                  [](auto a, auto g, auto c) { return std::fma(a, g, c); });
 }
 
 at::Tensor seq_cells_cpu(const at::Tensor& c0, const at::Tensor& gates) {
-  const int64_t steps = gates.size(0), batch = gates.size(1),
-                state = gates.size(2) / 3;
+  const int64_t steps = gates.size(0), batch = gates.size(1), state = gates.size(2) / 3;
   const at::Tensor g = gates.contiguous();
   const at::Tensor c_init = c0.contiguous();
   at::Tensor cells = at::empty({steps, batch, state}, gates.options());
   const bool fma = cpu_kernels_fuse_multiply_add();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_seq_cells", [&] {
-        const scalar_t* gp = g.const_data_ptr<scalar_t>();
-        const scalar_t* cp = c_init.const_data_ptr<scalar_t>();
-        scalar_t* out = cells.mutable_data_ptr<scalar_t>();
-        const int64_t grain = std::max<int64_t>(1, 32768 / (steps * state + 1));
-        at::parallel_for(0, batch, grain, [&](int64_t begin, int64_t end) {
-          if (fma) {
-            cells_cpu_rows_fma(gp, cp, out, steps, batch, state, begin, end);
-          } else {
-            cells_cpu_rows(gp, cp, out, steps, batch, state, begin, end,
-                           [](auto a, auto g, auto c) { return c + a * g; });
-          }
-        });
-      });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_seq_cells", [&] {
+    const scalar_t* gp = g.const_data_ptr<scalar_t>();
+    const scalar_t* cp = c_init.const_data_ptr<scalar_t>();
+    scalar_t* out = cells.mutable_data_ptr<scalar_t>();
+    const int64_t grain = std::max<int64_t>(1, 32768 / (steps * state + 1));
+    at::parallel_for(0, batch, grain, [&](int64_t begin, int64_t end) {
+      if (fma) {
+        cells_cpu_rows_fma(gp, cp, out, steps, batch, state, begin, end);
+      } else {
+        cells_cpu_rows(gp, cp, out, steps, batch, state, begin, end,
+                       [](auto a, auto g, auto c) { return c + a * g; });
+      }
+    });
+  });
   return cells;
 }
 
 }  // namespace
 
 at::Tensor seq_cells(const at::Tensor& c0, const at::Tensor& gates) {
-  const int64_t steps = gates.size(0), batch = gates.size(1),
-                state = gates.size(2) / 3;
+  const int64_t steps = gates.size(0), batch = gates.size(1), state = gates.size(2) / 3;
   const c10::ScalarType dtype = gates.scalar_type();
   if (steps == 0) return at::empty({0, batch, state}, gates.options());
 #ifdef LLTM_WITH_CUDA
@@ -120,23 +112,20 @@ at::Tensor seq_cells(const at::Tensor& c0, const at::Tensor& gates) {
   // Other devices: c_t = c_{t-1} + candidate_t * input_gate_t as a running
   // sum over t (c0 in the first increment), in opmath.
   const c10::ScalarType acc = at::toOpMathType(dtype);
-  at::Tensor increments = gates.narrow(2, 2 * state, state).to(acc) *
-                          gates.narrow(2, 0, state).to(acc);
+  at::Tensor increments = gates.narrow(2, 2 * state, state).to(acc) * gates.narrow(2, 0, state).to(acc);
   increments[0].add_(c0.to(acc));
   return at::cumsum(increments, 0).to(dtype);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> seq_parameter_gradients(
-    const at::Tensor& d_pre, const at::Tensor& input, const at::Tensor& weights,
-    const at::Tensor& h0, const at::Tensor& output,
-    const AskedGradients& asked) {
-  const int64_t steps = input.size(0), batch = input.size(1),
-                features = input.size(2), state = weights.size(0) / 3;
+    const at::Tensor& d_pre, const at::Tensor& input, const at::Tensor& weights, const at::Tensor& h0,
+    const at::Tensor& output, const AskedGradients& asked) {
+  const int64_t steps = input.size(0), batch = input.size(1), features = input.size(2),
+                state = weights.size(0) / 3;
   const at::Tensor d_all = d_pre.reshape({steps * batch, 3 * state});
   at::Tensor grad_input = asked.placeholder();
   if (asked.input) {
-    grad_input = d_all.mm(weights.narrow(1, state, features))
-                     .view({steps, batch, features});
+    grad_input = d_all.mm(weights.narrow(1, state, features)).view({steps, batch, features});
   }
   at::Tensor grad_weights = asked.placeholder();
   if (asked.weights) {
@@ -153,11 +142,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> seq_parameter_gradients(
     } else {
       at::mm_out(gw_h, d_pre[0].t(), h0);
       if (steps > 1) {
-        gw_h.addmm_(d_pre.narrow(0, 1, steps - 1)
-                        .reshape({(steps - 1) * batch, 3 * state})
-                        .t(),
-                    output.narrow(0, 0, steps - 1)
-                        .reshape({(steps - 1) * batch, state}));
+        gw_h.addmm_(d_pre.narrow(0, 1, steps - 1).reshape({(steps - 1) * batch, 3 * state}).t(),
+                    output.narrow(0, 0, steps - 1).reshape({(steps - 1) * batch, state}));
       }
     }
   }

@@ -101,9 +101,7 @@ class LinearFunction(torch.autograd.Function):
 
 def _check_linear_args(input: Tensor, weight: Tensor, bias: Tensor | None) -> None:
     if weight.dim() != 2:
-        raise ValueError(
-            f"linear: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}"
-        )
+        raise ValueError(f"linear: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}")
     if input.dim() < 1 or input.shape[-1] != weight.shape[1]:
         raise ValueError(
             f"linear: input must have shape (*, in_features={weight.shape[1]}) to match weight "

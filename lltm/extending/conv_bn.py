@@ -468,9 +468,7 @@ class FusedConvBN2d(nn.Module):
         if track_running_stats:
             self.register_buffer("running_mean", torch.zeros(out_channels, **factory))
             self.register_buffer("running_var", torch.ones(out_channels, **factory))
-            self.register_buffer(
-                "num_batches_tracked", torch.tensor(0, dtype=torch.long, device=device)
-            )
+            self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long, device=device))
         else:
             self.register_buffer("running_mean", None)
             self.register_buffer("running_var", None)

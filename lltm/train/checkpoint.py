@@ -103,8 +103,9 @@ def load_latest(directory: str) -> tuple[str, dict[str, Any]] | None:
 def check_config(path: str, saved: dict[str, Any], current: dict[str, Any]) -> None:
     """Raise CheckpointMismatch naming every key where the checkpoint and this run differ."""
     keys = sorted(set(saved) | set(current))
-    diffs = [f"{k}: checkpoint {saved.get(k)!r}, this run {current.get(k)!r}"
-             for k in keys if saved.get(k) != current.get(k)]
+    diffs = [
+        f"{k}: checkpoint {saved.get(k)!r}, this run {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)
+    ]
     if diffs:
         raise CheckpointMismatch(
             f"lltm train: checkpoint {path} was written for another model or task ("

@@ -1,7 +1,7 @@
 """`lltm train`: arguments and the run function (lltm/cli.py registers the subcommand).
 
-    lltm train --task charlm --compare --match-params --steps 500
-    torchrun --nproc_per_node 2 -m lltm train --task copy --ckpt runs/ck
+lltm train --task charlm --compare --match-params --steps 500
+torchrun --nproc_per_node 2 -m lltm train --task copy --ckpt runs/ck
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("task")
     g.add_argument("--task", choices=TASKS, default="charlm", help="copy memory, adding problem, or character LM")
     g.add_argument("--text", metavar="FILE", help="charlm text (default: the Python standard library's sources)")
-    g.add_argument("--seq-len", type=int_at_least(1),
-                   help="sequence length (default per task: copy 20, adding 30, charlm 64)")
+    g.add_argument(
+        "--seq-len", type=int_at_least(1), help="sequence length (default per task: copy 20, adding 30, charlm 64)"
+    )
     g.add_argument("--copy-len", type=int_at_least(1), default=5, help="copy task: symbols to remember")
     g.add_argument("--batch", type=int_at_least(1), default=32, help="global batch, split evenly over the ranks")
     g.add_argument("--eval-batches", type=int_at_least(1), default=4, help="held-out batches per evaluation")
@@ -51,43 +52,65 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", choices=KINDS, default="lltm", help="recurrent layers: lltm.LLTM or torch.nn.LSTM")
     g.add_argument("--compare", action="store_true", help="train both models, one after the other; plot both")
     g.add_argument("--hidden", type=int_at_least(1), default=64, help="hidden size (of the LLTM when --match-params)")
-    g.add_argument("--match-params", action="store_true",
-                   help="give nn.LSTM the hidden size whose parameter count is closest to the LLTM model's")
+    g.add_argument(
+        "--match-params",
+        action="store_true",
+        help="give nn.LSTM the hidden size whose parameter count is closest to the LLTM model's",
+    )
     g.add_argument("--layers", type=int_at_least(1), default=1)
     g.add_argument("--embed", type=int_at_least(1), default=32, help="embedding width (copy, charlm)")
     g.add_argument("--dropout", type=float_in(0.0, 1.0), default=0.0, help="between recurrent layers")
-    g.add_argument("--backend", type=backend_arg, default="auto",
-                   help=f"lltm backend: auto (the fastest available) or {_registry.help_text()}")
+    g.add_argument(
+        "--backend",
+        type=backend_arg,
+        default="auto",
+        help=f"lltm backend: auto (the fastest available) or {_registry.help_text()}",
+    )
     g = p.add_argument_group("optimisation")
-    g.add_argument("--steps", type=int_at_least(1), default=200,
-                   help="total global steps (a resumed run counts earlier ones)")
+    g.add_argument(
+        "--steps", type=int_at_least(1), default=200, help="total global steps (a resumed run counts earlier ones)"
+    )
     g.add_argument("--lr", type=positive_float, default=3e-3, help="Adam learning rate")
     g.add_argument("--clip", type=float_in(0.0), default=1.0, help="gradient norm clip (0: off)")
     g.add_argument("--seed", type=int, default=0, help="weights and data stream")
-    g.add_argument("--device", type=device_or_auto, default="auto",
-                   help="cpu, cuda, cuda:N or auto (torchrun: cuda:LOCAL_RANK)")
-    g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="bfloat16: torch.autocast on the device (weights stay float32)")
-    g.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES, metavar="MODE",
-                   help="torch.compile the model (MODE: default, reduce-overhead, max-autotune-no-cudagraphs), "
-                        "compiled in this process (not inductor's worker pool, which keeps taking cores from the "
-                        "step; TORCHINDUCTOR_COMPILE_THREADS overrides). Its compilation falls in the warm-up steps, "
-                        "timed apart from the steady-state steps/s. The LLTM layer is one custom operator with or "
-                        "without it, so compiling can only change the small layers around it (embedding, head) "
-                        "and adds a fixed cost per step (guards, autograd wrappers): expect eager's speed or a "
-                        "little less (charlm hidden 256, batch 64, seq 128 on the H100: 0.93x eager's steps/s; "
-                        "hidden 64 on 2 CPU cores: 0.94-1.01x; docs/training.md)")
-    g.add_argument("--warmup-steps", type=int_at_least(0), default=5,
-                   help="this process's first steps, timed apart from the steady state (compilation, first-call "
-                        "allocations and kernel choices)")
+    g.add_argument(
+        "--device", type=device_or_auto, default="auto", help="cpu, cuda, cuda:N or auto (torchrun: cuda:LOCAL_RANK)"
+    )
+    g.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="bfloat16: torch.autocast on the device (weights stay float32)",
+    )
+    g.add_argument(
+        "--compile",
+        nargs="?",
+        const="default",
+        default=None,
+        choices=COMPILE_MODES,
+        metavar="MODE",
+        help="torch.compile the model (MODE: default, reduce-overhead, max-autotune-no-cudagraphs), "
+        "compiled in this process (not inductor's worker pool, which keeps taking cores from the "
+        "step; TORCHINDUCTOR_COMPILE_THREADS overrides). Its compilation falls in the warm-up steps, "
+        "timed apart from the steady-state steps/s. The LLTM layer is one custom operator with or "
+        "without it, so compiling can only change the small layers around it (embedding, head) "
+        "and adds a fixed cost per step (guards, autograd wrappers): expect eager's speed or a "
+        "little less (charlm hidden 256, batch 64, seq 128 on the H100: 0.93x eager's steps/s; "
+        "hidden 64 on 2 CPU cores: 0.94-1.01x; docs/training.md)",
+    )
+    g.add_argument(
+        "--warmup-steps",
+        type=int_at_least(0),
+        default=5,
+        help="this process's first steps, timed apart from the steady state (compilation, first-call "
+        "allocations and kernel choices)",
+    )
     g.add_argument("--threads", type=int_at_least(1), help="torch.set_num_threads on each rank")
     g = p.add_argument_group("output")
-    g.add_argument("--out", type=output_dir, default="runs/train",
-                   help="metrics <model>.jsonl, loss.png, summary.json")
+    g.add_argument("--out", type=output_dir, default="runs/train", help="metrics <model>.jsonl, loss.png, summary.json")
     g.add_argument("--log-every", type=int_at_least(1), default=10, help="steps per training-loss row")
     g.add_argument("--eval-every", type=int_at_least(1), default=50, help="steps per held-out evaluation")
-    g.add_argument("--ckpt", metavar="DIR", type=output_dir,
-                   help="checkpoint directory (<DIR>/<model> with --compare)")
+    g.add_argument("--ckpt", metavar="DIR", type=output_dir, help="checkpoint directory (<DIR>/<model> with --compare)")
     g.add_argument("--ckpt-every", type=int_at_least(1), default=100)
     g.add_argument("--keep", type=int_at_least(0), default=3, help="checkpoints kept (0: all)")
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --ckpt")
@@ -114,15 +137,21 @@ def _check(args: argparse.Namespace, device: torch.device) -> None:
 
 def _table(results: list[Result], task_name: str) -> str:
     """steps/s and tokens/s are those of the steady state, after the warm-up steps (timed apart)."""
-    head = ("| model | hidden | params | steps | train loss | held-out loss | held-out acc | steps/s | tokens/s "
-            "| warm-up |")
+    head = (
+        "| model | hidden | params | steps | train loss | held-out loss | held-out acc | steps/s | tokens/s | warm-up |"
+    )
     rows = [head, "|" + "---|" * 10]
     for r in results:
         speed = "- | -" if r.steps_per_s is None else f"{r.steps_per_s:.2f} | {r.tokens_per_s:,.0f}"
-        rows.append(f"| {r.kind} | {r.hidden} | {r.params:,} | {r.steps} | {r.train_loss:.4f} | {r.eval_loss:.4f} | "
-                    f"{r.eval_acc:.4f} | {speed} | {r.warmup_steps} steps, {r.warmup_s:.2f} s |")
-    return (f"task {task_name}\n" + "\n".join(rows)
-            + "\n(steps/s, tokens/s: steady state, after the warm-up steps, which are timed apart)")
+        rows.append(
+            f"| {r.kind} | {r.hidden} | {r.params:,} | {r.steps} | {r.train_loss:.4f} | {r.eval_loss:.4f} | "
+            f"{r.eval_acc:.4f} | {speed} | {r.warmup_steps} steps, {r.warmup_s:.2f} s |"
+        )
+    return (
+        f"task {task_name}\n"
+        + "\n".join(rows)
+        + "\n(steps/s, tokens/s: steady state, after the warm-up steps, which are timed apart)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,18 +167,46 @@ def _run(args: argparse.Namespace) -> int:
     ctx = ddp.setup(args.device)
     try:
         _check(args, ctx.device)
-        task = make_task(args.task, seed=args.seed, batch=args.batch, seq_len=args.seq_len,
-                         eval_batches=args.eval_batches, copy_len=args.copy_len, text=args.text)
+        task = make_task(
+            args.task,
+            seed=args.seed,
+            batch=args.batch,
+            seq_len=args.seq_len,
+            eval_batches=args.eval_batches,
+            copy_len=args.copy_len,
+            text=args.text,
+        )
         if args.batch % ctx.world:
             raise ValueError(f"lltm train: --batch {args.batch} must be divisible by the number of ranks ({ctx.world})")
-        base = ModelConfig(kind="lltm", n_in=task.n_in, n_out=task.n_out, hidden=args.hidden, layers=args.layers,
-                           embed=args.embed, tokens=task.tokens, readout=task.readout)
+        base = ModelConfig(
+            kind="lltm",
+            n_in=task.n_in,
+            n_out=task.n_out,
+            hidden=args.hidden,
+            layers=args.layers,
+            embed=args.embed,
+            tokens=task.tokens,
+            readout=task.readout,
+        )
         lstm_hidden = matched_hidden(base, "lstm") if args.match_params else args.hidden
         kinds = list(KINDS) if args.compare else [args.model]
-        opts = Options(steps=args.steps, lr=args.lr, clip=args.clip, dropout=args.dropout, seed=args.seed,
-                       backend=args.backend, bf16=args.dtype == "bfloat16", compile=args.compile or "",
-                       log_every=args.log_every, eval_every=args.eval_every, ckpt_every=args.ckpt_every,
-                       keep=args.keep, resume=args.resume, progress=not args.quiet, warmup_steps=args.warmup_steps)
+        opts = Options(
+            steps=args.steps,
+            lr=args.lr,
+            clip=args.clip,
+            dropout=args.dropout,
+            seed=args.seed,
+            backend=args.backend,
+            bf16=args.dtype == "bfloat16",
+            compile=args.compile or "",
+            log_every=args.log_every,
+            eval_every=args.eval_every,
+            ckpt_every=args.ckpt_every,
+            keep=args.keep,
+            resume=args.resume,
+            progress=not args.quiet,
+            warmup_steps=args.warmup_steps,
+        )
         results: list[Result] = []
         for kind in kinds:
             hidden = lstm_hidden if kind == "lstm" else args.hidden
@@ -160,24 +217,42 @@ def _run(args: argparse.Namespace) -> int:
             metrics = os.path.join(args.out, f"{kind}.jsonl")
             results.append(train_model(opts, ctx, task, cfg, metrics, ckpt_dir))
         if ctx.is_main:
-            print(_table(results, args.task) + f"\n(baseline: {task.baseline}; {ctx.world} rank(s), {ctx.device}, "
-                  f"torch {torch.__version__})")
+            print(
+                _table(results, args.task) + f"\n(baseline: {task.baseline}; {ctx.world} rank(s), {ctx.device}, "
+                f"torch {torch.__version__})"
+            )
             with open(os.path.join(args.out, "summary.json"), "w") as f:
-                json.dump({"task": args.task, "world": ctx.world, "device": str(ctx.device), "dtype": args.dtype,
-                           "batch": task.batch, "seq_len": task.seq_len, "torch": torch.__version__,
-                           "compile": args.compile, "speeds": "steady state, after the warm-up steps",
-                           "results": [r.__dict__ for r in results]}, f, indent=1)
+                json.dump(
+                    {
+                        "task": args.task,
+                        "world": ctx.world,
+                        "device": str(ctx.device),
+                        "dtype": args.dtype,
+                        "batch": task.batch,
+                        "seq_len": task.seq_len,
+                        "torch": torch.__version__,
+                        "compile": args.compile,
+                        "speeds": "steady state, after the warm-up steps",
+                        "results": [r.__dict__ for r in results],
+                    },
+                    f,
+                    indent=1,
+                )
             metrics = f"metrics: {', '.join(r.metrics for r in results)}"
             if args.no_plot:
                 print(metrics)
             elif not plot_available():
-                print(f'{metrics}; no loss curves: they need matplotlib (pip install "lltm[plot]"; --no-plot: '
-                      "do not ask)")
+                print(
+                    f'{metrics}; no loss curves: they need matplotlib (pip install "lltm[plot]"; --no-plot: do not ask)'
+                )
             else:
                 runs = {f"{r.kind} h={r.hidden} ({r.params:,} params)": r.metrics for r in results}
-                png = plot_runs(runs, os.path.join(args.out, "loss.png"),
-                                title=f"{args.task}: batch {task.batch}, seq {task.seq_len}, {ctx.world} rank(s)",
-                                ylabel=task.loss_name)
+                png = plot_runs(
+                    runs,
+                    os.path.join(args.out, "loss.png"),
+                    title=f"{args.task}: batch {task.batch}, seq {task.seq_len}, {ctx.world} rank(s)",
+                    ylabel=task.loss_name,
+                )
                 print(f"{metrics}; curves: {png}")
     finally:
         ddp.teardown()

@@ -180,8 +180,15 @@ def build(opts: Options, ctx: Context, cfg: ModelConfig) -> tuple[nn.Module, tor
     return model, torch.optim.Adam(model.parameters(), lr=opts.lr)
 
 
-def _restore(opts: Options, ctx: Context, cfg: ModelConfig, config: dict, model: nn.Module,
-             optimizer: torch.optim.Optimizer, ckpt_dir: Optional[str]) -> tuple[int, float, Optional[int]]:
+def _restore(
+    opts: Options,
+    ctx: Context,
+    cfg: ModelConfig,
+    config: dict,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ckpt_dir: Optional[str],
+) -> tuple[int, float, Optional[int]]:
     """Loads the newest checkpoint when resuming. Returns (start step, training
     time so far, the step resumed at or None)."""
     _seed_rank(opts.seed, 0, ctx.rank)
@@ -199,8 +206,9 @@ def _restore(opts: Options, ctx: Context, cfg: ModelConfig, config: dict, model:
             print(f"lltm train: no checkpoint in {ckpt_dir}; starting from step 0")
         return 0, 0.0, None
     path, state = loaded
-    checkpoint.check_config(path, {**state["config"]["model"], **state["config"]["task"]},
-                            {**config["model"], **config["task"]})
+    checkpoint.check_config(
+        path, {**state["config"]["model"], **state["config"]["task"]}, {**config["model"], **config["task"]}
+    )
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     start = int(state["step"])
@@ -212,13 +220,19 @@ def _restore(opts: Options, ctx: Context, cfg: ModelConfig, config: dict, model:
         # dropout masks cannot be, so each rank starts a fresh stream from the step.
         _seed_rank(opts.seed, start, ctx.rank)
     if ctx.is_main:
-        print(f"lltm train: resumed {cfg.kind} from {path} (step {start}, {len(rngs)} rank(s) then, "
-              f"{ctx.world} now)")
+        print(f"lltm train: resumed {cfg.kind} from {path} (step {start}, {len(rngs)} rank(s) then, {ctx.world} now)")
     return start, float(state["train_time"]), start
 
 
-def train_step(net: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer, task: Task, ctx: Context,
-                opts: Options, step: int) -> Tensor:
+def train_step(
+    net: nn.Module,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    task: Task,
+    ctx: Context,
+    opts: Options,
+    step: int,
+) -> Tensor:
     """One optimisation step on this rank's shard of the step's batch; returns the loss (not read back)."""
     x, y = task.train_batch(step)
     x = shard(x, ctx.rank, ctx.world).to(ctx.device, non_blocking=True)
@@ -237,9 +251,20 @@ def train_step(net: nn.Module, model: nn.Module, optimizer: torch.optim.Optimize
 class _Run:
     """One model's training after set-up: what each step reports, evaluates and saves."""
 
-    def __init__(self, opts: Options, ctx: Context, task: Task, cfg: ModelConfig, model: nn.Module,
-                 optimizer: torch.optim.Optimizer, config: dict, metrics: _Metrics, clock: _Clock,
-                 ckpt_dir: Optional[str], start: int) -> None:
+    def __init__(
+        self,
+        opts: Options,
+        ctx: Context,
+        task: Task,
+        cfg: ModelConfig,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: dict,
+        metrics: _Metrics,
+        clock: _Clock,
+        ckpt_dir: Optional[str],
+        start: int,
+    ) -> None:
         self.opts, self.ctx, self.task, self.cfg = opts, ctx, task, cfg
         self.model, self.optimizer, self.config = model, optimizer, config
         self.metrics, self.clock, self.ckpt_dir = metrics, clock, ckpt_dir
@@ -247,16 +272,23 @@ class _Run:
         self.train_loss = self.eval_loss = self.eval_acc = float("nan")
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=opts.steps, initial=start, desc=f"{cfg.kind} h={cfg.hidden}",
-                        unit="step", disable=not (ctx.is_main and opts.progress), dynamic_ncols=True)
+        self.bar = tqdm(
+            total=opts.steps,
+            initial=start,
+            desc=f"{cfg.kind} h={cfg.hidden}",
+            unit="step",
+            disable=not (ctx.is_main and opts.progress),
+            dynamic_ncols=True,
+        )
 
     def after_step(self, done: int, loss: Tensor) -> None:
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
         self.bar.update(1)
         clock = self.clock
         if clock.step_done():
-            self.metrics.write({"kind": "warmup", "step": done, "steps": clock.steps,
-                                "seconds": round(clock.warmup_s, 4)})
+            self.metrics.write(
+                {"kind": "warmup", "step": done, "steps": clock.steps, "seconds": round(clock.warmup_s, 4)}
+            )
             clock.resume()
         last = done == self.opts.steps
         if done % self.opts.log_every == 0 or last:
@@ -276,8 +308,14 @@ class _Run:
         self.train_loss = self.ctx.mean(self.loss_sum / steps).item()  # waits for the device
         span = self.clock.end_window()
         tokens = self.task.tokens_per_batch()
-        row = {"kind": "train", "step": done, "loss": self.train_loss, "time": round(self.clock.train_time, 4),
-               "steps_per_s": steps / span, "tokens_per_s": steps * tokens / span}
+        row = {
+            "kind": "train",
+            "step": done,
+            "loss": self.train_loss,
+            "time": round(self.clock.train_time, 4),
+            "steps_per_s": steps / span,
+            "tokens_per_s": steps * tokens / span,
+        }
         self.metrics.write(row)
         self.bar.set_postfix(loss=f"{self.train_loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
         self.loss_sum = None
@@ -287,15 +325,20 @@ class _Run:
         self.eval_loss, self.eval_acc = res["loss"], res["acc"]
         if done is not None:
             self.metrics.write({"kind": "eval", "step": done, "time": round(self.clock.train_time, 4), **res})
-            self.bar.write(f"{self.cfg.kind} step {done}: held-out loss {self.eval_loss:.4f}, "
-                           f"acc {self.eval_acc:.4f}")
+            self.bar.write(f"{self.cfg.kind} step {done}: held-out loss {self.eval_loss:.4f}, acc {self.eval_acc:.4f}")
 
     def _save(self, step: int) -> None:
         rngs = self.ctx.gather(checkpoint.rng_state(self.ctx.device))  # collective: every rank takes part
         if self.ctx.is_main:
-            state = {"step": step, "config": self.config, "model": self.model.state_dict(),
-                     "optimizer": self.optimizer.state_dict(), "rng": rngs, "train_time": self.clock.train_time,
-                     "world": self.ctx.world}
+            state = {
+                "step": step,
+                "config": self.config,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "rng": rngs,
+                "train_time": self.clock.train_time,
+                "world": self.ctx.world,
+            }
             checkpoint.save(self.ckpt_dir, step, state, self.opts.keep)
 
     def finish(self, params: int, metrics_path: str) -> Result:
@@ -304,10 +347,20 @@ class _Run:
             self._evaluate()
         self.ctx.barrier()  # rank 0 may still be evaluating or writing
         rate, warmup_steps, warmup_s = self.clock.summary()
-        return Result(kind=self.cfg.kind, hidden=self.cfg.hidden, params=params, steps=self.opts.steps,
-                      train_loss=self.train_loss, eval_loss=self.eval_loss, eval_acc=self.eval_acc,
-                      steps_per_s=rate, tokens_per_s=None if rate is None else rate * self.task.tokens_per_batch(),
-                      warmup_steps=warmup_steps, warmup_s=warmup_s, metrics=metrics_path)
+        return Result(
+            kind=self.cfg.kind,
+            hidden=self.cfg.hidden,
+            params=params,
+            steps=self.opts.steps,
+            train_loss=self.train_loss,
+            eval_loss=self.eval_loss,
+            eval_acc=self.eval_acc,
+            steps_per_s=rate,
+            tokens_per_s=None if rate is None else rate * self.task.tokens_per_batch(),
+            warmup_steps=warmup_steps,
+            warmup_s=warmup_s,
+            metrics=metrics_path,
+        )
 
 
 def compile_in_process() -> None:
@@ -342,11 +395,25 @@ def train_model(
         net = torch.compile(net, mode=None if opts.compile == "default" else opts.compile)
     metrics = _Metrics(metrics_path, ctx.is_main, resumed_at)
     params = count_parameters(cfg)
-    metrics.write({"kind": "config", "step": start, "world": ctx.world, "params": params, "device": str(ctx.device),
-                   "bf16": opts.bf16, "compile": opts.compile or False, "lr": opts.lr, "batch": task.batch,
-                   "seq_len": task.seq_len, "torch": torch.__version__, "model": cfg.kind,
-                   "warmup_steps": opts.warmup_steps,
-                   **{k: v for k, v in config["model"].items() if k != "kind"}, **config["task"]})
+    metrics.write(
+        {
+            "kind": "config",
+            "step": start,
+            "world": ctx.world,
+            "params": params,
+            "device": str(ctx.device),
+            "bf16": opts.bf16,
+            "compile": opts.compile or False,
+            "lr": opts.lr,
+            "batch": task.batch,
+            "seq_len": task.seq_len,
+            "torch": torch.__version__,
+            "model": cfg.kind,
+            "warmup_steps": opts.warmup_steps,
+            **{k: v for k, v in config["model"].items() if k != "kind"},
+            **config["task"],
+        }
+    )
     clock = _Clock(ctx, opts.warmup_steps, train_time)
     run = _Run(opts, ctx, task, cfg, model, optimizer, config, metrics, clock, ckpt_dir, start)
     model.train()

@@ -36,8 +36,15 @@ def plot_runs(runs: dict[str, str], out_png: str, title: str | None = None, ylab
         held = [r for r in rows if r.get("kind") == "eval"]
         for ax, x in zip(axes, ("step", "time")):
             ax.plot([r[x] for r in train], [r["loss"] for r in train], color=color, lw=1.2, label=f"{label} train")
-            ax.plot([r[x] for r in held], [r["loss"] for r in held], "o--", color=color, ms=3.5, lw=0.8,
-                    label=f"{label} held-out")
+            ax.plot(
+                [r[x] for r in held],
+                [r["loss"] for r in held],
+                "o--",
+                color=color,
+                ms=3.5,
+                lw=0.8,
+                label=f"{label} held-out",
+            )
     axes[0].set_xlabel("step")
     axes[1].set_xlabel("training time (s)")
     axes[0].set_ylabel(ylabel)

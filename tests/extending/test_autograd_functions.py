@@ -84,9 +84,7 @@ def test_linear_matches_functional_linear(with_bias):
     torch.testing.assert_close(ours, ref)
     grad = torch.randn_like(ref)
     leaves = [x, w] + ([b] if with_bias else [])
-    torch.testing.assert_close(
-        torch.autograd.grad(ours, leaves, grad), torch.autograd.grad(ref, leaves, grad)
-    )
+    torch.testing.assert_close(torch.autograd.grad(ours, leaves, grad), torch.autograd.grad(ref, leaves, grad))
 
 
 def test_linear_default_bias_is_none():

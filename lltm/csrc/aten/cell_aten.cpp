@@ -15,19 +15,15 @@
 
 namespace lltm {
 
-CellForwardResult aten_cell_forward(const at::Tensor& input,
-                                    const at::Tensor& weights,
-                                    const std::optional<at::Tensor>& bias,
-                                    const at::Tensor& old_h,
+CellForwardResult aten_cell_forward(const at::Tensor& input, const at::Tensor& weights,
+                                    const std::optional<at::Tensor>& bias, const at::Tensor& old_h,
                                     const at::Tensor& old_cell) {
-  check_cell_forward_args("lltm::aten_cell_forward", input, weights, bias,
-                          old_h, old_cell);
+  check_cell_forward_args("lltm::aten_cell_forward", input, weights, bias, old_h, old_cell);
   const int64_t state = weights.size(0) / 3;
   // X = [old_h, input]: (B, S + I); gates = X W^T + b: (B, 3S)
   const at::Tensor X = at::cat({old_h, input}, 1);
-  at::Tensor gates = (bias.has_value() && bias->defined())
-                         ? at::addmm(*bias, X, weights.t())
-                         : at::mm(X, weights.t());
+  at::Tensor gates =
+      (bias.has_value() && bias->defined()) ? at::addmm(*bias, X, weights.t()) : at::mm(X, weights.t());
   // gates <- [sigmoid(i), sigmoid(o), elu(c)], in place (gates is ours).
   gates.narrow(1, 0, 2 * state).sigmoid_();
   at::Tensor candidate = gates.narrow(1, 2 * state, state);
@@ -40,16 +36,12 @@ CellForwardResult aten_cell_forward(const at::Tensor& input,
   return {new_h, new_cell, gates};
 }
 
-CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
-                                      const at::Tensor& grad_cell,
-                                      const at::Tensor& new_cell,
-                                      const at::Tensor& gates,
-                                      const at::Tensor& input,
-                                      const at::Tensor& weights,
-                                      const at::Tensor& old_h,
-                                      OutputMask output_mask) {
-  check_cell_backward_args("lltm::aten_cell_backward", grad_h, grad_cell,
-                           new_cell, gates, input, weights, old_h);
+CellBackwardResult aten_cell_backward(const at::Tensor& grad_h, const at::Tensor& grad_cell,
+                                      const at::Tensor& new_cell, const at::Tensor& gates,
+                                      const at::Tensor& input, const at::Tensor& weights,
+                                      const at::Tensor& old_h, OutputMask output_mask) {
+  check_cell_backward_args("lltm::aten_cell_backward", grad_h, grad_cell, new_cell, gates, input, weights,
+                           old_h);
   const AskedGradients asked(output_mask, gates.options());
   if (!asked.any()) return asked.placeholders();
   const int64_t state = weights.size(0) / 3;
@@ -60,8 +52,7 @@ CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
 
   const at::Tensor tanh_cell = at::tanh(new_cell);
   // dL/dc' = grad_cell + grad_h * o * (1 - tanh(c')^2)
-  at::Tensor grad_old_cell =
-      at::tanh_backward(grad_h * output_gate, tanh_cell).add_(grad_cell);
+  at::Tensor grad_old_cell = at::tanh_backward(grad_h * output_gate, tanh_cell).add_(grad_cell);
 
   // d_pre: gradient w.r.t. the gate pre-activations, (B, 3S).
   at::Tensor d_pre = at::empty_like(gates, at::MemoryFormat::Contiguous);
@@ -69,13 +60,11 @@ CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
   at::Tensor d_output_gate = d_pre.narrow(1, state, state);
   at::Tensor d_candidate = d_pre.narrow(1, 2 * state, state);
   // d sigmoid(z) = s (1 - s)
-  at::sigmoid_backward_out(d_input_gate, grad_old_cell * candidate,
-                           input_gate);
+  at::sigmoid_backward_out(d_input_gate, grad_old_cell * candidate, input_gate);
   at::sigmoid_backward_out(d_output_gate, grad_h * tanh_cell, output_gate);
   // d elu(z) = 1 if z > 0 else elu(z) + 1, from the saved activation
   at::elu_backward_out(d_candidate, grad_old_cell * input_gate, /*alpha=*/1,
-                       /*scale=*/1, /*input_scale=*/1, /*is_result=*/true,
-                       candidate);
+                       /*scale=*/1, /*input_scale=*/1, /*is_result=*/true, candidate);
 
   // dX = d_pre W: (B, S + I) = [grad_old_h | grad_input]. With both asked
   // for, one GEMM and two slice copies beat two GEMMs over W's column blocks:
@@ -98,8 +87,7 @@ CellBackwardResult aten_cell_backward(const at::Tensor& grad_h,
   }
   // dW = d_pre^T X with X = [old_h | input] rebuilt (B (S + I) elements
   // copied for a GEMM of 3S times that), one GEMM instead of two.
-  at::Tensor grad_weights =
-      asked.weights ? d_pre.t().mm(at::cat({old_h, input}, 1)) : asked.placeholder();
+  at::Tensor grad_weights = asked.weights ? d_pre.t().mm(at::cat({old_h, input}, 1)) : asked.placeholder();
   at::Tensor grad_bias = asked.bias ? d_pre.sum(0) : asked.placeholder();
   if (!asked.c) grad_old_cell = asked.placeholder();
   return {grad_input, grad_weights, grad_bias, grad_old_h, grad_old_cell};

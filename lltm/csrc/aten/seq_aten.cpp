@@ -32,34 +32,28 @@ namespace {
 constexpr const char* kForwardOp = "lltm::aten_seq_forward";
 constexpr const char* kBackwardOp = "lltm::aten_seq_backward";
 
-bool has(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined();
-}
+bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
 // (T, B, 1) in the input's dtype: 1 where step t of row b is inside the
 // row's length, else 0.
-at::Tensor step_mask(const at::Tensor& lengths, int64_t steps,
-                     const at::Tensor& like) {
+at::Tensor step_mask(const at::Tensor& lengths, int64_t steps, const at::Tensor& like) {
   const at::Tensor t = at::arange(steps, lengths.options()).unsqueeze(1);
   return at::lt(t, lengths.unsqueeze(0)).to(like.scalar_type()).unsqueeze(2);
 }
 
 }  // namespace
 
-SeqForwardResult aten_seq_forward(const at::Tensor& input,
-                                  const at::Tensor& weights,
-                                  const std::optional<at::Tensor>& bias,
-                                  const at::Tensor& h0, const at::Tensor& c0,
-                                  const std::optional<at::Tensor>& lengths) {
+SeqForwardResult aten_seq_forward(const at::Tensor& input, const at::Tensor& weights,
+                                  const std::optional<at::Tensor>& bias, const at::Tensor& h0,
+                                  const at::Tensor& c0, const std::optional<at::Tensor>& lengths) {
   check_seq_forward_args(kForwardOp, input, weights, bias, h0, c0, lengths);
-  const int64_t steps = input.size(0), batch = input.size(1),
-                features = input.size(2), state = weights.size(0) / 3;
+  const int64_t steps = input.size(0), batch = input.size(1), features = input.size(2),
+                state = weights.size(0) / 3;
   const auto options = input.options();
   at::Tensor output = at::empty({steps, batch, state}, options);
   at::Tensor gates = at::empty({steps, batch, 3 * state}, options);
   if (steps == 0) {
-    return {output, h0.clone(at::MemoryFormat::Contiguous),
-            c0.clone(at::MemoryFormat::Contiguous), gates};
+    return {output, h0.clone(at::MemoryFormat::Contiguous), c0.clone(at::MemoryFormat::Contiguous), gates};
   }
   // W_h^T (S, 3S) as a contiguous copy, made once: a transposed view of a
   // row-major matrix is the slower operand of the small per-step GEMM on CPU
@@ -105,24 +99,21 @@ SeqForwardResult aten_seq_forward(const at::Tensor& input,
     h = masked ? at::addcmul(h_t, h, unmask[t]) : h_t;
     c = c_t;
   }
-  return {output, h.clone(at::MemoryFormat::Contiguous),
-          c.clone(at::MemoryFormat::Contiguous), gates};
+  return {output, h.clone(at::MemoryFormat::Contiguous), c.clone(at::MemoryFormat::Contiguous), gates};
 }
 
-SeqBackwardResult aten_seq_backward(
-    const std::optional<at::Tensor>& grad_output,
-    const std::optional<at::Tensor>& grad_h_n,
-    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
-    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& c0,
-    const at::Tensor& output, const at::Tensor& gates,
-    const std::optional<at::Tensor>& lengths, OutputMask output_mask) {
-  check_seq_backward_args(kBackwardOp, grad_output, grad_h_n, grad_c_n, input,
-                          weights, h0, c0, output, gates, lengths);
+SeqBackwardResult aten_seq_backward(const std::optional<at::Tensor>& grad_output,
+                                    const std::optional<at::Tensor>& grad_h_n,
+                                    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
+                                    const at::Tensor& weights, const at::Tensor& h0, const at::Tensor& c0,
+                                    const at::Tensor& output, const at::Tensor& gates,
+                                    const std::optional<at::Tensor>& lengths, OutputMask output_mask) {
+  check_seq_backward_args(kBackwardOp, grad_output, grad_h_n, grad_c_n, input, weights, h0, c0, output, gates,
+                          lengths);
   const auto options = input.options();
   const AskedGradients asked(output_mask, options);
   if (!asked.any()) return asked.placeholders();
-  const int64_t steps = input.size(0), batch = input.size(1),
-                state = weights.size(0) / 3;
+  const int64_t steps = input.size(0), batch = input.size(1), state = weights.size(0) / 3;
   const at::Tensor w_h = weights.narrow(1, 0, state);
 
   // Carried gradients of h and c, starting from those of h_n and c_n.
@@ -174,8 +165,8 @@ SeqBackwardResult aten_seq_backward(
     }
   }
 
-  auto [grad_input, grad_weights, grad_bias] = seq_parameter_gradients(
-      d_pre, input, weights, h0, output, asked);
+  auto [grad_input, grad_weights, grad_bias] =
+      seq_parameter_gradients(d_pre, input, weights, h0, output, asked);
   // With T = 0 the carried gradients are the incoming ones: copy them, as
   // outputs of an operator must not alias its inputs. Otherwise they are
   // results of the loop.

@@ -24,11 +24,11 @@
 namespace lltm {
 namespace {
 
-CellForwardResult fused_cell_forward_cpu(const at::Tensor& input,      // (B, I)
-                                         const at::Tensor& weights,    // (3S, S + I)
+CellForwardResult fused_cell_forward_cpu(const at::Tensor& input,                // (B, I)
+                                         const at::Tensor& weights,              // (3S, S + I)
                                          const std::optional<at::Tensor>& bias,  // (3S,)
-                                         const at::Tensor& old_h,      // (B, S)
-                                         const at::Tensor& old_cell) { // (B, S)
+                                         const at::Tensor& old_h,                // (B, S)
+                                         const at::Tensor& old_cell) {           // (B, S)
   check_cell_forward_args("lltm::fused_cell_forward", input, weights, bias, old_h, old_cell);
   const cpu::Kernels kernels = cpu::kernels_for(input);
   const int64_t batch = input.size(0), features = input.size(1), state = weights.size(0) / 3;
@@ -37,11 +37,12 @@ CellForwardResult fused_cell_forward_cpu(const at::Tensor& input,      // (B, I)
   at::Tensor new_cell = at::empty({batch, state}, options);
   at::Tensor gates = at::empty({batch, 3 * state}, options);
   if (batch == 0) return {new_h, new_cell, gates};
-  const at::Tensor x = cpu::rows_contiguous(input), h = cpu::rows_contiguous(old_h), c = old_cell.contiguous(),
-                   b = cpu::contiguous_or_undefined(bias);
+  const at::Tensor x = cpu::rows_contiguous(input), h = cpu::rows_contiguous(old_h),
+                   c = old_cell.contiguous(), b = cpu::contiguous_or_undefined(bias);
   const at::Tensor w = cpu::rows_contiguous(weights);
   const int64_t blocks = kernels.gate_blocks(state);
-  at::Tensor packed = at::empty({kernels.gates_packed_size(state, state + features)}, options.dtype(cpu::opmath(input)));
+  at::Tensor packed =
+      at::empty({kernels.gates_packed_size(state, state + features)}, options.dtype(cpu::opmath(input)));
   cpu::ForwardStep step{};
   step.h_prev = h.const_data_ptr();
   step.ld_h = h.stride(0);
@@ -72,8 +73,8 @@ CellBackwardResult fused_cell_backward_cpu(const at::Tensor& grad_h,     // (B, 
                                            const at::Tensor& weights,    // (3S, S + I)
                                            const at::Tensor& old_h,      // (B, S)
                                            OutputMask output_mask) {
-  check_cell_backward_args("lltm::fused_cell_backward", grad_h, grad_cell, new_cell, gates, input,
-                           weights, old_h);
+  check_cell_backward_args("lltm::fused_cell_backward", grad_h, grad_cell, new_cell, gates, input, weights,
+                           old_h);
   const AskedGradients asked(output_mask, input.options());
   if (!asked.any()) return asked.placeholders();
   const auto not_asked = [&] { return asked.placeholder(); };
@@ -108,7 +109,8 @@ CellBackwardResult fused_cell_backward_cpu(const at::Tensor& grad_h,     // (B, 
   const auto d_times_w = [&](int64_t col, int64_t cols) {
     at::Tensor out = at::empty({batch, cols}, acc);
     cpu::gemm_out(kernels, out, d_pre.const_data_ptr(), 3 * state, 1,
-                  static_cast<const char*>(w.const_data_ptr()) + col * w.element_size(), w.stride(0), 3 * state);
+                  static_cast<const char*>(w.const_data_ptr()) + col * w.element_size(), w.stride(0),
+                  3 * state);
     return out.to(dtype);
   };
   const at::Tensor grad_input = output_mask[0] ? d_times_w(state, features) : not_asked();

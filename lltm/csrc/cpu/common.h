@@ -181,10 +181,11 @@ inline void parallel_gemm(const Kernels& k, const Gemm& g) {
 // c (M, N) = A (M, K) B (K, N) (+ c when accumulate), on torch's threads:
 // c is opmath with unit column stride (a column range of a wider matrix
 // too); A and B as in Gemm.
-inline void gemm_out(const Kernels& k, const at::Tensor& c, const void* a, int64_t a_rs, int64_t a_ks, const void* b,
-                     int64_t ldb, int64_t kdim, bool accumulate = false) {
+inline void gemm_out(const Kernels& k, const at::Tensor& c, const void* a, int64_t a_rs, int64_t a_ks,
+                     const void* b, int64_t ldb, int64_t kdim, bool accumulate = false) {
   TORCH_INTERNAL_ASSERT(c.dim() == 2 && c.stride(1) == 1 && c.scalar_type() == opmath(c));
-  parallel_gemm(k, Gemm{a, a_rs, a_ks, b, ldb, c.data_ptr(), c.stride(0), c.size(0), c.size(1), kdim, accumulate});
+  parallel_gemm(
+      k, Gemm{a, a_rs, a_ks, b, ldb, c.data_ptr(), c.stride(0), c.size(0), c.size(1), kdim, accumulate});
 }
 
 }  // namespace cpu

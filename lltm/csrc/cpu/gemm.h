@@ -58,8 +58,8 @@ inline constexpr int64_t kKc = 256;
 // loop over it left rolled makes GCC keep the array in memory and store it
 // on every k).
 template <int MR, int NR, typename a_t, typename T>
-C10_ALWAYS_INLINE void mac_tile(Vec<T> (&acc)[MR][NR], const a_t* a, int64_t rs, int64_t ks, int64_t K, const T* p,
-                                int64_t ldp) {
+C10_ALWAYS_INLINE void mac_tile(Vec<T> (&acc)[MR][NR], const a_t* a, int64_t rs, int64_t ks, int64_t K,
+                                const T* p, int64_t ldp) {
   constexpr int64_t V = Vec<T>::size();
   for (int64_t k = 0; k < K; ++k) {
     Vec<T> w[NR];
@@ -120,7 +120,8 @@ C10_ALWAYS_INLINE void for_row_tiles(int64_t begin, int64_t end, const F& f) {
 // apart), converted to T into `out` (rows `width` apart) starting at column
 // `col`; columns past `cols` are 0.
 template <typename T, typename src_t>
-inline void copy_panel(const src_t* src, int64_t ld, int64_t rows, int64_t col, int64_t cols, int64_t width, T* out) {
+inline void copy_panel(const src_t* src, int64_t ld, int64_t rows, int64_t col, int64_t cols, int64_t width,
+                       T* out) {
   const int64_t n = std::clamp<int64_t>(cols - col, 0, width);
   for (int64_t k = 0; k < rows; ++k) {
     const src_t* s = src + k * ld + col;
@@ -152,7 +153,8 @@ void gemm(const Gemm& g, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_
   if (m_begin >= m_end || n_begin >= n_end) return;
   if (g.k == 0) {
     if (!g.accumulate) {
-      for (int64_t m = m_begin; m < m_end; ++m) std::fill(c + m * g.ldc + n_begin, c + m * g.ldc + n_end, T(0));
+      for (int64_t m = m_begin; m < m_end; ++m)
+        std::fill(c + m * g.ldc + n_begin, c + m * g.ldc + n_end, T(0));
     }
     return;
   }
@@ -222,11 +224,14 @@ void gemm(const Gemm& g, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_
         bp = packed.data();
       }
       if (vectors == 3) {
-        for_row_tiles<kRows<3>>(m_begin, m_end, [&]<int M>(int64_t m0) { tile.template operator()<M, 3>(m0, col, bp, ldp); });
+        for_row_tiles<kRows<3>>(m_begin, m_end,
+                                [&]<int M>(int64_t m0) { tile.template operator()<M, 3>(m0, col, bp, ldp); });
       } else if (vectors == 2) {
-        for_row_tiles<kRows<2>>(m_begin, m_end, [&]<int M>(int64_t m0) { tile.template operator()<M, 2>(m0, col, bp, ldp); });
+        for_row_tiles<kRows<2>>(m_begin, m_end,
+                                [&]<int M>(int64_t m0) { tile.template operator()<M, 2>(m0, col, bp, ldp); });
       } else {
-        for_row_tiles<kRows<1>>(m_begin, m_end, [&]<int M>(int64_t m0) { tile.template operator()<M, 1>(m0, col, bp, ldp); });
+        for_row_tiles<kRows<1>>(m_begin, m_end,
+                                [&]<int M>(int64_t m0) { tile.template operator()<M, 1>(m0, col, bp, ldp); });
       }
     }
   }
@@ -262,7 +267,8 @@ inline void transpose_16x16(const float* src, int64_t ld_src, float* dst, int64_
   // column j + 4L: lane L of r[j], r[4 + j], r[8 + j], r[12 + j]
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
-    const __m512 lo01 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x44), hi01 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xEE);
+    const __m512 lo01 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x44),
+                 hi01 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xEE);
     const __m512 lo23 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x44),
                  hi23 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xEE);
     _mm512_storeu_ps(dst + j * ld_dst, _mm512_shuffle_f32x4(lo01, lo23, 0x88));
@@ -275,7 +281,8 @@ inline void transpose_16x16(const float* src, int64_t ld_src, float* dst, int64_
 
 // dst[k * ld_dst + u] = src[u * ld_src + k] for u < rows, k < cols.
 template <typename T, typename src_t>
-inline void transpose_into(const src_t* src, int64_t ld_src, int64_t rows, int64_t cols, T* dst, int64_t ld_dst) {
+inline void transpose_into(const src_t* src, int64_t ld_src, int64_t rows, int64_t cols, T* dst,
+                           int64_t ld_dst) {
   int64_t k0 = 0;
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<T, float>) {
@@ -299,7 +306,8 @@ inline void transpose_into(const src_t* src, int64_t ld_src, int64_t rows, int64
 
 // Unit block jb: [k][gate][width] for k < K, gate i, o, c (W transposed).
 template <typename scalar_t>
-void pack_gates(const void* w_in, int64_t ldw, int64_t state, int64_t K, void* out_in, int64_t begin, int64_t end) {
+void pack_gates(const void* w_in, int64_t ldw, int64_t state, int64_t K, void* out_in, int64_t begin,
+                int64_t end) {
   using T = at::opmath_type<scalar_t>;
   constexpr int64_t V = Vec<T>::size();
   const auto* w = static_cast<const scalar_t*>(w_in);

@@ -2,12 +2,12 @@
 // capability torch itself uses (at::get_cpu_capability(): the best the CPU
 // supports, or the one ATEN_CPU_CAPABILITY asks for), falling back to a
 // narrower build where a wider one is absent.
+#include "kernels.h"
+
 #include <ATen/Version.h>
 #include <torch/library.h>
 
 #include <string>
-
-#include "kernels.h"
 
 namespace lltm {
 namespace cpu {

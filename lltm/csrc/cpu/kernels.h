@@ -34,9 +34,9 @@ namespace cpu {
 // Rows past their length: zero gates, c_new = c_prev, h_new = 0, and h_prev
 // copied to h_carry.
 struct ForwardStep {
-  const void* h_prev;      // (B, S) h_{t-1}, rows ld_h apart
+  const void* h_prev;  // (B, S) h_{t-1}, rows ld_h apart
   int64_t ld_h;
-  const void* x;           // (B, I) x_t, rows ld_x apart
+  const void* x;  // (B, I) x_t, rows ld_x apart
   int64_t ld_x;
   const void* packed;      // (opmath) W packed by pack_gates
   const void* bias;        // (3S,) or nullptr
@@ -105,16 +105,17 @@ using PackGatesFn = void (*)(const void* w, int64_t ldw, int64_t state, int64_t 
 // backward step on unit blocks [begin, end): panels of up to three blocks,
 // each holding, for every row k < 3S, W_h[k][j] for its units j (zero past
 // S). The grouping depends on [begin, end): pack and run the same range.
-using PackUnitsFn = void (*)(const void* w, int64_t ldw, int64_t state, void* out, int64_t begin, int64_t end);
+using PackUnitsFn = void (*)(const void* w, int64_t ldw, int64_t state, void* out, int64_t begin,
+                             int64_t end);
 using ForwardFn = void (*)(const ForwardStep&, int64_t block_begin, int64_t block_end);
 using BackwardFn = void (*)(const BackwardStep&, int64_t block_begin, int64_t block_end);
 using GemmFn = void (*)(const Gemm&, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end);
 
 // The kernels of one capability, for one dtype.
 struct Kernels {
-  int64_t width;        // units per block: opmath values per vector
-  int64_t tile_rows;    // the GEMM's row split unit: a multiple of every tile's rows
-  int64_t tile_cols;    // columns of a GEMM panel
+  int64_t width;      // units per block: opmath values per vector
+  int64_t tile_rows;  // the GEMM's row split unit: a multiple of every tile's rows
+  int64_t tile_cols;  // columns of a GEMM panel
   PackGatesFn pack_gates;
   PackUnitsFn pack_units;
   ForwardFn forward;

@@ -72,14 +72,17 @@ SeqForwardResult fused_seq_forward_cpu(const at::Tensor& input,                 
   // states, so they are not kept).
   at::Tensor c_buf = at::empty({2, batch, state}, options);
   const int64_t blocks = kernels.gate_blocks(state);
-  at::Tensor packed = at::empty({kernels.gates_packed_size(state, state + features)}, options.dtype(cpu::opmath(input)));
+  at::Tensor packed =
+      at::empty({kernels.gates_packed_size(state, state + features)}, options.dtype(cpu::opmath(input)));
   const int64_t* len_ptr = masked ? len.const_data_ptr<int64_t>() : nullptr;
   const int64_t workers = cpu::team_size(batch * 3 * state * (state + features), blocks);
   cpu::run_team(blocks, workers, [&](int64_t j0, int64_t j1, cpu::TeamSync& sync) {
     kernels.pack_gates(w.const_data_ptr(), w.stride(0), state, state + features, packed.data_ptr(), j0, j1);
     for (int64_t t = 0; t < steps; ++t) {
       cpu::ForwardStep step;
-      step.h_prev = masked ? step_ptr(carry, t % 2) : t == 0 ? h_init.const_data_ptr() : step_ptr(output, t - 1);
+      step.h_prev = masked   ? step_ptr(carry, t % 2)
+                    : t == 0 ? h_init.const_data_ptr()
+                             : step_ptr(output, t - 1);
       step.ld_h = state;
       step.x = static_cast<const char*>(x.const_data_ptr()) + t * x.stride(0) * x.element_size();
       step.ld_x = x.stride(1);
@@ -115,8 +118,8 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
                                          const at::Tensor& gates,                       // (T, B, 3S)
                                          const std::optional<at::Tensor>& lengths,      // (B,) int64
                                          OutputMask output_mask) {
-  check_seq_backward_args("lltm::fused_seq_backward", grad_output, grad_h_n, grad_c_n, input, weights, h0,
-                          c0, output, gates, lengths);
+  check_seq_backward_args("lltm::fused_seq_backward", grad_output, grad_h_n, grad_c_n, input, weights, h0, c0,
+                          output, gates, lengths);
   const auto options = input.options();
   const AskedGradients asked(output_mask, options);
   if (!asked.any()) return asked.placeholders();
@@ -201,10 +204,12 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
       // over all T*B rows; h_{t-1} = h0 at t = 0, else output[t - 1] (equal
       // to the carried h on every row still inside its length, the only
       // rows with d_pre != 0).
-      const at::Tensor gw_h = grad_weights.narrow(1, 0, state), gw_x = grad_weights.narrow(1, state, features);
+      const at::Tensor gw_h = grad_weights.narrow(1, 0, state),
+                       gw_x = grad_weights.narrow(1, state, features);
       const at::Tensor x = input.contiguous(), h_init = h0.contiguous(), out = output.contiguous();
       const int64_t ld = 3 * state;
-      cpu::gemm_out(kernels, gw_x, d_pre.const_data_ptr(), 1, ld, x.const_data_ptr(), features, steps * batch);
+      cpu::gemm_out(kernels, gw_x, d_pre.const_data_ptr(), 1, ld, x.const_data_ptr(), features,
+                    steps * batch);
       cpu::gemm_out(kernels, gw_h, d_pre.const_data_ptr(), 1, ld, h_init.const_data_ptr(), state,
                     steps > 0 ? batch : 0);
       if (steps > 1) {

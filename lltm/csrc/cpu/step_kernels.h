@@ -68,8 +68,8 @@ void forward_blocks(const ForwardStep& s, int64_t block_begin, int64_t block_end
           if (h_carry) store(h_carry + at, load(h_prev + row * s.ld_h + j0, n), n);
           continue;
         }
-        const CellForward<T> out = cell_forward(acc[r][0] + b[0], acc[r][1] + b[1], acc[r][2] + b[2],
-                                                load(c_prev + at, n));
+        const CellForward<T> out =
+            cell_forward(acc[r][0] + b[0], acc[r][1] + b[1], acc[r][2] + b[2], load(c_prev + at, n));
         store(g, out.i, n);
         store(g + S, out.o, n);
         store(g + 2 * S, out.a, n);

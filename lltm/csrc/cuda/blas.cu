@@ -5,7 +5,6 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
-
 #include <cublas_v2.h>
 
 #include <limits>
@@ -17,9 +16,7 @@ namespace lltm {
 namespace cuda_detail {
 namespace {
 
-const char* cublas_status_name(cublasStatus_t status) {
-  return cublasGetStatusString(status);
-}
+const char* cublas_status_name(cublasStatus_t status) { return cublasGetStatusString(status); }
 
 void check(cublasStatus_t status, const char* what) {
   TORCH_CHECK(status == CUBLAS_STATUS_SUCCESS, "lltm::fused (CUDA): ", what,
@@ -57,8 +54,8 @@ void* own_workspace(int device) {
 cublasHandle_t own_handle(c10::ScalarType dtype) {
   thread_local cublasHandle_t handles[kMaxDevices] = {};
   const int device = c10::cuda::current_device();
-  TORCH_CHECK(device >= 0 && device < kMaxDevices, "lltm::fused (CUDA): device ", device,
-              " is past the ", kMaxDevices, " devices lltm's own cuBLAS handles cover");
+  TORCH_CHECK(device >= 0 && device < kMaxDevices, "lltm::fused (CUDA): device ", device, " is past the ",
+              kMaxDevices, " devices lltm's own cuBLAS handles cover");
   cublasHandle_t& handle = handles[device];
   if (handle == nullptr) check(cublasCreate(&handle), "cublasCreate");
   check(cublasSetStream(handle, c10::cuda::getCurrentCUDAStream()), "cublasSetStream");
@@ -69,8 +66,7 @@ cublasHandle_t own_handle(c10::ScalarType dtype) {
 }
 
 int as_int(int64_t v, const char* what) {
-  TORCH_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(),
-              "lltm::fused (CUDA): GEMM ", what, " = ", v,
+  TORCH_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(), "lltm::fused (CUDA): GEMM ", what, " = ", v,
               " does not fit cuBLAS's 32-bit arguments");
   return static_cast<int>(v);
 }
@@ -111,12 +107,10 @@ void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count) {
     if (g.m == 0 || g.n == 0 || g.k == 0) continue;
     // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS gets (n x m)
     // C^T from B's storage as its first operand and A's as its second.
-    const void* alpha = is_double ? static_cast<const void*>(&one_d)
-                                  : static_cast<const void*>(&one_f);
+    const void* alpha = is_double ? static_cast<const void*>(&one_d) : static_cast<const void*>(&one_f);
     const void* beta =
         g.accumulate ? alpha
-                     : (is_double ? static_cast<const void*>(&zero_d)
-                                  : static_cast<const void*>(&zero_f));
+                     : (is_double ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f));
     if (own_handle_users > 0) {
       const bool large = g.m * g.n * g.k >= kOwnWorkspaceMinMacs;
       check(cublasSetWorkspace(handle, large ? own_workspace(c10::cuda::current_device()) : nullptr,
@@ -124,15 +118,12 @@ void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count) {
             "cublasSetWorkspace");
     }
     const cublasStatus_t status = cublasGemmEx(
-        handle, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-        g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(g.n, "n"),
-        as_int(g.m, "m"), as_int(g.k, "k"), alpha, g.b, type,
-        as_int(g.ldb, "ldb"), g.a, type, as_int(g.lda, "lda"), beta, g.c, type,
-        as_int(g.ldc, "ldc"), compute, CUBLAS_GEMM_DEFAULT);
+        handle, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+        as_int(g.n, "n"), as_int(g.m, "m"), as_int(g.k, "k"), alpha, g.b, type, as_int(g.ldb, "ldb"), g.a,
+        type, as_int(g.lda, "lda"), beta, g.c, type, as_int(g.ldc, "ldc"), compute, CUBLAS_GEMM_DEFAULT);
     TORCH_CHECK(status == CUBLAS_STATUS_SUCCESS,
-                "lltm::fused (CUDA): cublasGemmEx failed: ",
-                cublas_status_name(status), " (m=", g.m, ", n=", g.n,
-                ", k=", g.k, ")");
+                "lltm::fused (CUDA): cublasGemmEx failed: ", cublas_status_name(status), " (m=", g.m,
+                ", n=", g.n, ", k=", g.k, ")");
   }
 }
 

@@ -17,20 +17,12 @@ namespace lltm {
 namespace cuda_detail {
 
 // sigmoid(z) = 1 / (1 + e^-z)
-__device__ __forceinline__ float sigmoid(float z) {
-  return 1.0f / (1.0f + expf(-z));
-}
-__device__ __forceinline__ double sigmoid(double z) {
-  return 1.0 / (1.0 + exp(-z));
-}
+__device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
+__device__ __forceinline__ double sigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
 
 // elu(z) = z for z > 0, e^z - 1 otherwise (alpha = 1)
-__device__ __forceinline__ float elu(float z) {
-  return z > 0.0f ? z : expm1f(z);
-}
-__device__ __forceinline__ double elu(double z) {
-  return z > 0.0 ? z : expm1(z);
-}
+__device__ __forceinline__ float elu(float z) { return z > 0.0f ? z : expm1f(z); }
+__device__ __forceinline__ double elu(double z) { return z > 0.0 ? z : expm1(z); }
 
 __device__ __forceinline__ float tanh_(float z) { return tanhf(z); }
 __device__ __forceinline__ double tanh_(double z) { return tanh(z); }
@@ -40,8 +32,7 @@ template <typename acc_t>
 struct CellForward {
   acc_t input_gate, output_gate, candidate, new_cell, new_h;
 
-  __device__ __forceinline__ CellForward(acc_t z_i, acc_t z_o, acc_t z_c,
-                                         acc_t old_cell) {
+  __device__ __forceinline__ CellForward(acc_t z_i, acc_t z_o, acc_t z_c, acc_t old_cell) {
     input_gate = sigmoid(z_i);
     output_gate = sigmoid(z_o);
     candidate = elu(z_c);
@@ -58,16 +49,14 @@ struct CellBackward {
   acc_t d_input, d_output, d_candidate;  // d loss / d pre-activation
   acc_t d_cell;                          // d loss / d old_cell = d loss / d c'
 
-  __device__ __forceinline__ CellBackward(acc_t grad_h, acc_t grad_cell,
-                                          acc_t new_cell, acc_t input_gate,
-                                          acc_t output_gate,
-                                          acc_t candidate) {
+  __device__ __forceinline__ CellBackward(acc_t grad_h, acc_t grad_cell, acc_t new_cell, acc_t input_gate,
+                                          acc_t output_gate, acc_t candidate) {
     const acc_t one = acc_t(1);
     const acc_t t = tanh_(new_cell);
     // d h' / d o = tanh(c');  d tanh(c') = 1 - tanh(c')^2
     const acc_t d_og = grad_h * t;
     d_cell = grad_cell + grad_h * output_gate * (one - t * t);
-    const acc_t d_ig = d_cell * candidate;   // d c' / d i = elu(z_c)
+    const acc_t d_ig = d_cell * candidate;     // d c' / d i = elu(z_c)
     const acc_t d_cand = d_cell * input_gate;  // d c' / d elu(z_c) = i
     // d sigmoid(z) = s (1 - s)
     d_input = d_ig * input_gate * (one - input_gate);
@@ -94,9 +83,7 @@ __device__ __forceinline__ void load_pack(const T* p, acc_t (&out)[V]) {
 // Loads V elements of a row, element v at p[v * col_stride]; one vector load
 // when the caller has checked that they are contiguous and aligned.
 template <typename acc_t, typename T, int V>
-__device__ __forceinline__ void load_pack_strided(const T* p,
-                                                  int64_t col_stride,
-                                                  bool vectorized,
+__device__ __forceinline__ void load_pack_strided(const T* p, int64_t col_stride, bool vectorized,
                                                   acc_t (&out)[V]) {
   if (vectorized) {
     load_pack<acc_t, T, V>(p, out);

@@ -12,8 +12,7 @@ namespace cuda_detail {
 // before made sure they share one device) and returns the guard that makes
 // that device current for the launches and allocations that follow.
 inline c10::cuda::CUDAGuard cuda_guard(const char* op, const at::Tensor& input) {
-  TORCH_CHECK(input.is_cuda(), op, ": expected CUDA tensors, but got input on ",
-              input.device());
+  TORCH_CHECK(input.is_cuda(), op, ": expected CUDA tensors, but got input on ", input.device());
   return c10::cuda::CUDAGuard(input.device());
 }
 

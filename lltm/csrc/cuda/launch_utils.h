@@ -82,11 +82,8 @@ inline Path choose_path(int64_t macs) {
     if (std::strcmp(forced, "small") == 0) return Path::kSmall;
     if (std::strcmp(forced, "blas") == 0) return Path::kBlas;
   }
-  const bool capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() !=
-                         c10::cuda::CaptureStatus::None;
-  return macs <= (capturing ? kSmallPathMaxMacsGraph : kSmallPathMaxMacsEager)
-             ? Path::kSmall
-             : Path::kBlas;
+  const bool capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  return macs <= (capturing ? kSmallPathMaxMacsGraph : kSmallPathMaxMacsEager) ? Path::kSmall : Path::kBlas;
 }
 
 // Multiprocessors of a device, read once per device (the first 64 devices
@@ -97,8 +94,7 @@ inline int sm_count(c10::DeviceIndex device) {
   TORCH_CHECK(index >= 0, "lltm::fused (CUDA): invalid device index ", index);
   const auto query = [index] {
     int count = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(
-        &count, cudaDevAttrMultiProcessorCount, index));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, index));
     return count;
   };
   if (index >= 64) return query();
@@ -107,8 +103,7 @@ inline int sm_count(c10::DeviceIndex device) {
 }
 
 inline unsigned int grid_size(int64_t blocks) {
-  TORCH_CHECK(blocks >= 0 && blocks <= 0x7fffffff,
-              "lltm::fused (CUDA): launch of ", blocks,
+  TORCH_CHECK(blocks >= 0 && blocks <= 0x7fffffff, "lltm::fused (CUDA): launch of ", blocks,
               " blocks exceeds the grid limit");
   return static_cast<unsigned int>(blocks);
 }

@@ -14,20 +14,18 @@ constexpr int kForwardPointwiseThreads = 256;
 // gates holds X W^T (no bias) on entry and the activated gates on exit.
 template <typename scalar_t, int V>
 __global__ void __launch_bounds__(kForwardPointwiseThreads)
-    cell_forward_pointwise_kernel(
-        scalar_t* __restrict__ gates,           // (B, 3S) contiguous, in/out
-        const scalar_t* __restrict__ bias,      // (3S,) contiguous, or null
-        const scalar_t* __restrict__ old_cell,  // (B, S) at b * c_rs + j * c_cs
-        int64_t c_rs, int64_t c_cs, bool c_vec,
-        scalar_t* __restrict__ new_h,     // (B, S) contiguous
-        scalar_t* __restrict__ new_cell,  // (B, S) contiguous
-        int64_t state,                    // S (a multiple of V)
-        int64_t num_packs) {              // B * S / V
+    cell_forward_pointwise_kernel(scalar_t* __restrict__ gates,           // (B, 3S) contiguous, in/out
+                                  const scalar_t* __restrict__ bias,      // (3S,) contiguous, or null
+                                  const scalar_t* __restrict__ old_cell,  // (B, S) at b * c_rs + j * c_cs
+                                  int64_t c_rs, int64_t c_cs, bool c_vec,
+                                  scalar_t* __restrict__ new_h,     // (B, S) contiguous
+                                  scalar_t* __restrict__ new_cell,  // (B, S) contiguous
+                                  int64_t state,                    // S (a multiple of V)
+                                  int64_t num_packs) {              // B * S / V
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t packs_per_row = state / V;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       p < num_packs; p += stride) {
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < num_packs; p += stride) {
     const int64_t b = p / packs_per_row;
     const int64_t j = (p - b * packs_per_row) * V;
     scalar_t* g = gates + b * 3 * state + j;
@@ -35,8 +33,7 @@ __global__ void __launch_bounds__(kForwardPointwiseThreads)
     load_pack<acc_t, scalar_t, V>(g, z_i);
     load_pack<acc_t, scalar_t, V>(g + state, z_o);
     load_pack<acc_t, scalar_t, V>(g + 2 * state, z_c);
-    load_pack_strided<acc_t, scalar_t, V>(old_cell + b * c_rs + j * c_cs, c_cs,
-                                          c_vec, c);
+    load_pack_strided<acc_t, scalar_t, V>(old_cell + b * c_rs + j * c_cs, c_cs, c_vec, c);
     if (bias != nullptr) {
       acc_t b_i[V], b_o[V], b_c[V];
       load_pack<acc_t, scalar_t, V>(bias + j, b_i);
@@ -80,28 +77,25 @@ constexpr int kBackwardRows = 8;
 // column_sum_kernel). Any of the outputs may be null when not needed.
 template <typename scalar_t, int V>
 __global__ void __launch_bounds__(kBackwardCols* kBackwardRows)
-    cell_backward_pointwise_kernel(
-        const scalar_t* __restrict__ grad_h,  // (B, S) at b * gh_rs + j * gh_cs
-        int64_t gh_rs, int64_t gh_cs, bool gh_vec,
-        const scalar_t* __restrict__ grad_cell,  // (B, S) likewise
-        int64_t gc_rs, int64_t gc_cs, bool gc_vec,
-        const scalar_t* __restrict__ new_cell,  // (B, S) contiguous
-        const scalar_t* __restrict__ gates,     // (B, 3S) contiguous
-        scalar_t* __restrict__ d_pre,           // (B, 3S) contiguous, or null
-        scalar_t* __restrict__ grad_old_cell,   // (B, S) contiguous, or null
-        at::opmath_type<scalar_t>* __restrict__ bias_partial,  // (chunks, 3S)
-        scalar_t* __restrict__ grad_bias,  // (3S,), or null: no bias sums
-        int64_t batch, int64_t state,      // B, S (S a multiple of V)
-        int64_t rows_per_chunk) {
+    cell_backward_pointwise_kernel(const scalar_t* __restrict__ grad_h,  // (B, S) at b * gh_rs + j * gh_cs
+                                   int64_t gh_rs, int64_t gh_cs, bool gh_vec,
+                                   const scalar_t* __restrict__ grad_cell,  // (B, S) likewise
+                                   int64_t gc_rs, int64_t gc_cs, bool gc_vec,
+                                   const scalar_t* __restrict__ new_cell,  // (B, S) contiguous
+                                   const scalar_t* __restrict__ gates,     // (B, 3S) contiguous
+                                   scalar_t* __restrict__ d_pre,           // (B, 3S) contiguous, or null
+                                   scalar_t* __restrict__ grad_old_cell,   // (B, S) contiguous, or null
+                                   at::opmath_type<scalar_t>* __restrict__ bias_partial,  // (chunks, 3S)
+                                   scalar_t* __restrict__ grad_bias,  // (3S,), or null: no bias sums
+                                   int64_t batch, int64_t state,      // B, S (S a multiple of V)
+                                   int64_t rows_per_chunk) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t partial[kBackwardRows][3 * V][kBackwardCols];
 
-  const int64_t j = (static_cast<int64_t>(blockIdx.y) * kBackwardCols +
-                     threadIdx.x) * V;
+  const int64_t j = (static_cast<int64_t>(blockIdx.y) * kBackwardCols + threadIdx.x) * V;
   const bool active = j < state;
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * rows_per_chunk;
-  const int64_t row_end =
-      row_begin + rows_per_chunk < batch ? row_begin + rows_per_chunk : batch;
+  const int64_t row_end = row_begin + rows_per_chunk < batch ? row_begin + rows_per_chunk : batch;
 
   acc_t sum[3][V];
 #pragma unroll
@@ -111,10 +105,8 @@ __global__ void __launch_bounds__(kBackwardCols* kBackwardRows)
     for (int64_t b = row_begin + threadIdx.y; b < row_end; b += kBackwardRows) {
       const scalar_t* g = gates + b * 3 * state + j;
       acc_t gh[V], gc[V], c[V], ig[V], og[V], cand[V];
-      load_pack_strided<acc_t, scalar_t, V>(grad_h + b * gh_rs + j * gh_cs,
-                                            gh_cs, gh_vec, gh);
-      load_pack_strided<acc_t, scalar_t, V>(grad_cell + b * gc_rs + j * gc_cs,
-                                            gc_cs, gc_vec, gc);
+      load_pack_strided<acc_t, scalar_t, V>(grad_h + b * gh_rs + j * gh_cs, gh_cs, gh_vec, gh);
+      load_pack_strided<acc_t, scalar_t, V>(grad_cell + b * gc_rs + j * gc_cs, gc_cs, gc_vec, gc);
       load_pack<acc_t, scalar_t, V>(new_cell + b * state + j, c);
       load_pack<acc_t, scalar_t, V>(g, ig);
       load_pack<acc_t, scalar_t, V>(g + state, og);
@@ -175,10 +167,10 @@ constexpr int kSumCols = 32;
 constexpr int kSumRows = 8;
 
 template <typename scalar_t>
-__global__ void __launch_bounds__(kSumCols* kSumRows) column_sum_kernel(
-    const at::opmath_type<scalar_t>* __restrict__ partial,  // (chunks, n)
-    int64_t chunks, int64_t n,
-    scalar_t* __restrict__ out) {  // (n,)
+__global__ void __launch_bounds__(kSumCols* kSumRows)
+    column_sum_kernel(const at::opmath_type<scalar_t>* __restrict__ partial,  // (chunks, n)
+                      int64_t chunks, int64_t n,
+                      scalar_t* __restrict__ out) {  // (n,)
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t rows[kSumRows][kSumCols + 1];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x;
@@ -207,22 +199,19 @@ __global__ void __launch_bounds__(kSumCols* kSumRows) column_sum_kernel(
 // single GEMM on the large path. V elements per thread (the host checks
 // that S, I, both row strides and both pointers allow V-wide accesses).
 template <typename scalar_t, int V>
-__global__ void __launch_bounds__(kForwardPointwiseThreads) concat_kernel(
-    const scalar_t* __restrict__ old_h, int64_t ld_h,  // (B, S)
-    const scalar_t* __restrict__ input, int64_t ld_x,  // (B, I)
-    scalar_t* __restrict__ X,                          // (B, S + I) contiguous
-    int64_t state, int64_t features, int64_t num_packs) {
+__global__ void __launch_bounds__(kForwardPointwiseThreads)
+    concat_kernel(const scalar_t* __restrict__ old_h, int64_t ld_h,  // (B, S)
+                  const scalar_t* __restrict__ input, int64_t ld_x,  // (B, I)
+                  scalar_t* __restrict__ X,                          // (B, S + I) contiguous
+                  int64_t state, int64_t features, int64_t num_packs) {
   const int64_t K = state + features;
   const int64_t packs_per_row = K / V;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       p < num_packs; p += stride) {
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < num_packs; p += stride) {
     const int64_t b = p / packs_per_row;
     const int64_t k = (p - b * packs_per_row) * V;
-    const scalar_t* src =
-        k < state ? old_h + b * ld_h + k : input + b * ld_x + (k - state);
-    *reinterpret_cast<Pack<scalar_t, V>*>(X + b * K + k) =
-        *reinterpret_cast<const Pack<scalar_t, V>*>(src);
+    const scalar_t* src = k < state ? old_h + b * ld_h + k : input + b * ld_x + (k - state);
+    *reinterpret_cast<Pack<scalar_t, V>*>(X + b * K + k) = *reinterpret_cast<const Pack<scalar_t, V>*>(src);
   }
 }
 

@@ -33,17 +33,14 @@ constexpr const char* kOp = "lltm::fused_seq_forward";
 
 }  // namespace
 
-SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,
-                                        const at::Tensor& weights,
-                                        const std::optional<at::Tensor>& bias,
-                                        const at::Tensor& h0,
-                                        const at::Tensor& c0,
-                                        const std::optional<at::Tensor>& lengths) {
+SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input, const at::Tensor& weights,
+                                        const std::optional<at::Tensor>& bias, const at::Tensor& h0,
+                                        const at::Tensor& c0, const std::optional<at::Tensor>& lengths) {
   check_seq_forward_args(kOp, input, weights, bias, h0, c0, lengths);
   const auto device_guard = cuda_guard(kOp, input);
 
-  const int64_t steps = input.size(0), batch = input.size(1),
-                features = input.size(2), state = weights.size(0) / 3;
+  const int64_t steps = input.size(0), batch = input.size(1), features = input.size(2),
+                state = weights.size(0) / 3;
   const auto options = input.options();
   at::Tensor output = at::empty({steps, batch, state}, options);
   at::Tensor gates = at::empty({steps, batch, 3 * state}, options);
@@ -78,13 +75,21 @@ SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,
   if (features == 0) {
     gates.zero_();
   } else {
-    const Gemm projection = {false, true, steps * batch, S3, features,
-                             x.const_data_ptr(), features, w_ptr + state * elem,
-                             w.ld, false, gates.mutable_data_ptr(), S3};
+    const Gemm projection = {false,
+                             true,
+                             steps * batch,
+                             S3,
+                             features,
+                             x.const_data_ptr(),
+                             features,
+                             w_ptr + state * elem,
+                             w.ld,
+                             false,
+                             gates.mutable_data_ptr(),
+                             S3};
     run_gemms(dtype, &projection, 1);
   }
-  if (seq_forward_persistent(gates, w, b, h_init, c_init, lens, output, h_n,
-                             c_n)) {
+  if (seq_forward_persistent(gates, w, b, h_init, c_init, lens, output, h_n, c_n)) {
     return {output, h_n, c_n, gates};
   }
   // c_t in two (B, S) buffers written in turn (backward recomputes the cell
@@ -93,48 +98,41 @@ SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input,
 
   // The step loop's launches, replayed from a CUDA graph where the same
   // call repeats (seq_graph.h): the key holds every value they bake in.
-  GraphKey key = {0, static_cast<int64_t>(dtype), steps, batch, state, w.ld, h_init.ld, c_init.ld,
-                  at::globalContext().allowTF32CuBLAS()};
-  for (const void* p : {static_cast<const void*>(gates.const_data_ptr()), static_cast<const void*>(w_ptr),
-                        h_init.tensor.const_data_ptr(), c_init.tensor.const_data_ptr(),
-                        has_bias ? b.const_data_ptr() : nullptr, masked ? lens.const_data_ptr() : nullptr,
-                        output.const_data_ptr(), c_buf.const_data_ptr(),
-                        masked ? h_buf.const_data_ptr() : nullptr}) {
+  GraphKey key = {0,         static_cast<int64_t>(dtype),          steps, batch, state, w.ld, h_init.ld,
+                  c_init.ld, at::globalContext().allowTF32CuBLAS()};
+  for (const void* p :
+       {static_cast<const void*>(gates.const_data_ptr()), static_cast<const void*>(w_ptr),
+        h_init.tensor.const_data_ptr(), c_init.tensor.const_data_ptr(),
+        has_bias ? b.const_data_ptr() : nullptr, masked ? lens.const_data_ptr() : nullptr,
+        output.const_data_ptr(), c_buf.const_data_ptr(), masked ? h_buf.const_data_ptr() : nullptr}) {
     key_add(key, p);
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, dtype, "lltm_fused_seq_forward", [&] {
-        run_graphed(std::move(key), [&] {
-          const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-          const scalar_t* h_prev = h_init.data<scalar_t>();
-          int64_t h_ld = h_init.ld;
-          const scalar_t* c_prev = c_init.data<scalar_t>();
-          int64_t c_ld = c_init.ld;
-          for (int64_t t = 0; t < steps; ++t) {
-            scalar_t* g = gates.mutable_data_ptr<scalar_t>() + t * batch * S3;
-            // gates[t] += h_{t-1} W_h^T: (B, 3S) = (B, S) (3S, S)^T
-            const Gemm recurrent = {false, true, batch, S3, state, h_prev, h_ld,
-                                    w_ptr, w.ld, true, g, S3};
-            run_gemms(dtype, &recurrent, 1);
-            scalar_t* out_t = output.mutable_data_ptr<scalar_t>() + t * batch * state;
-            scalar_t* c_t = c_buf.mutable_data_ptr<scalar_t>() + (t % 2) * batch * state;
-            scalar_t* h_next =
-                masked ? h_buf.mutable_data_ptr<scalar_t>() + (t % 2) * batch * state
-                       : nullptr;
-            seq_forward_step_kernel<scalar_t>
-                <<<blocks, kSeqPointwiseThreads, 0, stream>>>(
-                    g, has_bias ? b.const_data_ptr<scalar_t>() : nullptr, c_prev,
-                    c_ld, h_prev, h_ld,
-                    masked ? lens.const_data_ptr<int64_t>() : nullptr, t, out_t,
-                    c_t, h_next, batch, state);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
-            h_prev = masked ? h_next : out_t;
-            h_ld = state;
-            c_prev = c_t;
-            c_ld = state;
-          }
-        });
-      });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "lltm_fused_seq_forward", [&] {
+    run_graphed(std::move(key), [&] {
+      const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+      const scalar_t* h_prev = h_init.data<scalar_t>();
+      int64_t h_ld = h_init.ld;
+      const scalar_t* c_prev = c_init.data<scalar_t>();
+      int64_t c_ld = c_init.ld;
+      for (int64_t t = 0; t < steps; ++t) {
+        scalar_t* g = gates.mutable_data_ptr<scalar_t>() + t * batch * S3;
+        // gates[t] += h_{t-1} W_h^T: (B, 3S) = (B, S) (3S, S)^T
+        const Gemm recurrent = {false, true, batch, S3, state, h_prev, h_ld, w_ptr, w.ld, true, g, S3};
+        run_gemms(dtype, &recurrent, 1);
+        scalar_t* out_t = output.mutable_data_ptr<scalar_t>() + t * batch * state;
+        scalar_t* c_t = c_buf.mutable_data_ptr<scalar_t>() + (t % 2) * batch * state;
+        scalar_t* h_next = masked ? h_buf.mutable_data_ptr<scalar_t>() + (t % 2) * batch * state : nullptr;
+        seq_forward_step_kernel<scalar_t><<<blocks, kSeqPointwiseThreads, 0, stream>>>(
+            g, has_bias ? b.const_data_ptr<scalar_t>() : nullptr, c_prev, c_ld, h_prev, h_ld,
+            masked ? lens.const_data_ptr<int64_t>() : nullptr, t, out_t, c_t, h_next, batch, state);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        h_prev = masked ? h_next : out_t;
+        h_ld = state;
+        c_prev = c_t;
+        c_ld = state;
+      }
+    });
+  });
   // The final state: the last carried h (the last output without lengths)
   // and the last c (carried past each row's length).
   h_n.copy_(masked ? h_buf[(steps - 1) % 2] : output[steps - 1]);

@@ -60,8 +60,7 @@ class Lru {
  private:
   size_t capacity_;
   std::list<std::pair<GraphKey, Value>> order_;
-  std::unordered_map<GraphKey, typename std::list<std::pair<GraphKey, Value>>::iterator, KeyHash>
-      index_;
+  std::unordered_map<GraphKey, typename std::list<std::pair<GraphKey, Value>>::iterator, KeyHash> index_;
 };
 
 struct Cache {
@@ -139,8 +138,7 @@ cudaGraphExec_t capture(const std::function<void()>& enqueue, c10::DeviceIndex d
 }  // namespace
 
 void run_graphed(GraphKey key, const std::function<void()>& enqueue) {
-  const bool capturing =
-      c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  const bool capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
   if (capturing || !replay_enabled()) {
     enqueue();
     return;

@@ -46,9 +46,9 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <map>
-#include <type_traits>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "../lltm.h"
 #include "cell_math.cuh"
@@ -64,42 +64,42 @@ constexpr int kMaxThreads = 256;
 
 template <typename scalar_t>
 struct ForwardParams {
-  scalar_t* gates;                // (T, B, 3S): x W_x^T in, activated gates out
-  const scalar_t* w;              // (3S, w_ld): W_h = columns [0, S)
+  scalar_t* gates;    // (T, B, 3S): x W_x^T in, activated gates out
+  const scalar_t* w;  // (3S, w_ld): W_h = columns [0, S)
   int64_t w_ld;
-  const scalar_t* bias;           // (3S,) or null
-  const scalar_t* h0;             // (B, S) at b * h0_ld + j
+  const scalar_t* bias;  // (3S,) or null
+  const scalar_t* h0;    // (B, S) at b * h0_ld + j
   int64_t h0_ld;
-  const scalar_t* c0;             // (B, S) at b * c0_ld + j
+  const scalar_t* c0;  // (B, S) at b * c0_ld + j
   int64_t c0_ld;
-  const int64_t* lengths;         // (B,) or null
-  scalar_t* output;               // (T, B, S)
-  scalar_t* h_n;                  // (B, S)
-  scalar_t* c_n;                  // (B, S)
-  scalar_t* exchange;             // grid: (2, B, row) h_t by parity, zero past S
-  unsigned* arrivals;             // grid: (chunks,) zeroed, one counter per chunk
+  const int64_t* lengths;  // (B,) or null
+  scalar_t* output;        // (T, B, S)
+  scalar_t* h_n;           // (B, S)
+  scalar_t* c_n;           // (B, S)
+  scalar_t* exchange;      // grid: (2, B, row) h_t by parity, zero past S
+  unsigned* arrivals;      // grid: (chunks,) zeroed, one counter per chunk
   int64_t steps, batch;
-  int64_t chunk0;                 // the first chunk of this launch (a wave)
+  int64_t chunk0;  // the first chunk of this launch (a wave)
   int state, group, units, rows, rows_padded, ks, row;
 };
 
 template <typename scalar_t>
 struct BackwardParams {
-  const scalar_t* grad_output;    // (T, B, S) or null
-  const scalar_t* grad_h_n;       // (B, S) or null
-  const scalar_t* grad_c_n;       // (B, S) or null
-  const scalar_t* w;              // (3S, w_ld): W_h = columns [0, S)
+  const scalar_t* grad_output;  // (T, B, S) or null
+  const scalar_t* grad_h_n;     // (B, S) or null
+  const scalar_t* grad_c_n;     // (B, S) or null
+  const scalar_t* w;            // (3S, w_ld): W_h = columns [0, S)
   int64_t w_ld;
-  const scalar_t* cells;          // (T, B, S)
-  const scalar_t* gates;          // (T, B, 3S) activated
-  const int64_t* lengths;         // (B,) or null
-  scalar_t* d_pre;                // (T, B, 3S)
-  scalar_t* grad_h0;              // (B, S) or null
-  scalar_t* grad_c0;              // (B, S) or null
-  scalar_t* exchange;             // grid: (2, 3B, row) d_pre_t by parity, zero past S
-  unsigned* arrivals;             // grid: (chunks,) zeroed
+  const scalar_t* cells;   // (T, B, S)
+  const scalar_t* gates;   // (T, B, 3S) activated
+  const int64_t* lengths;  // (B,) or null
+  scalar_t* d_pre;         // (T, B, 3S)
+  scalar_t* grad_h0;       // (B, S) or null
+  scalar_t* grad_c0;       // (B, S) or null
+  scalar_t* exchange;      // grid: (2, 3B, row) d_pre_t by parity, zero past S
+  unsigned* arrivals;      // grid: (chunks,) zeroed
   int64_t steps, batch;
-  int64_t chunk0;                 // the first chunk of this launch (a wave)
+  int64_t chunk0;  // the first chunk of this launch (a wave)
   int state, group, units, rows, rows_padded, ks, row;
 };
 
@@ -144,9 +144,9 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 
 template <typename T>
 struct ClusterExchange {
-  T* local;           // [2][R Bp][row]: both parities, in this CTA
-  int parity_elems;   // R Bp row
-  int row;            // elements per exchanged row (padded)
+  T* local;          // [2][R Bp][row]: both parities, in this CTA
+  int parity_elems;  // R Bp row
+  int row;           // elements per exchanged row (padded)
   int ctas;
 
   __device__ T* view(int parity) const { return local + parity * parity_elems; }
@@ -190,13 +190,13 @@ struct ClusterExchange {
 
 template <typename T>
 struct GridExchange {
-  T* local;                   // [R Bp][row] in this CTA
-  T* global;                  // [2][R B][row]
-  unsigned* arrivals;         // this chunk's counter
-  int64_t parity_elems;       // R B row
-  int64_t first;              // R b0: this chunk's first exchanged row
-  int rows;                   // R bn: this chunk's exchanged rows
-  int row;                    // elements per exchanged row (padded)
+  T* local;              // [R Bp][row] in this CTA
+  T* global;             // [2][R B][row]
+  unsigned* arrivals;    // this chunk's counter
+  int64_t parity_elems;  // R B row
+  int64_t first;         // R b0: this chunk's first exchanged row
+  int rows;              // R bn: this chunk's exchanged rows
+  int row;               // elements per exchanged row (padded)
   int group;
 
   __device__ T* view(int /*parity*/) const { return local; }
@@ -234,8 +234,14 @@ struct GridExchange {
 
   template <typename Params>
   __device__ static GridExchange make(const Params& p, const Slice& s, T* buffer, int rows_per) {
-    return {buffer,           p.exchange, p.arrivals + s.chunk, rows_per * p.batch * p.row,
-            rows_per * s.b0, rows_per * s.bn, p.row,    p.group};
+    return {buffer,
+            p.exchange,
+            p.arrivals + s.chunk,
+            rows_per * p.batch * p.row,
+            rows_per * s.b0,
+            rows_per * s.bn,
+            p.row,
+            p.group};
   }
 };
 
@@ -649,8 +655,8 @@ cudaLaunchConfig_t launch_config(SeqPath path, const Split& split, cudaStream_t 
 // How many batch chunks of this launch shape run at once on the device (0:
 // none); asked once per kernel, device and shape.
 template <typename Params>
-int resident_chunks(Kernel<Params> kernel, SeqPath path, const Split& split, int device,
-                    size_t smem_limit, int sms) {
+int resident_chunks(Kernel<Params> kernel, SeqPath path, const Split& split, int device, size_t smem_limit,
+                    int sms) {
   using Key = std::tuple<const void*, int, int, unsigned, size_t>;
   static std::mutex mutex;
   static std::map<Key, int> cache;
@@ -745,8 +751,8 @@ Problem problem_of(bool backward, int64_t steps, int64_t batch, int64_t state) {
   p.state = state;
   p.elem = sizeof(scalar_t);
   p.is_double = std::is_same_v<scalar_t, double>;
-  p.tensor_cores = sizeof(scalar_t) == 2 ||
-                   (std::is_same_v<scalar_t, float> && at::globalContext().allowTF32CuBLAS());
+  p.tensor_cores =
+      sizeof(scalar_t) == 2 || (std::is_same_v<scalar_t, float> && at::globalContext().allowTF32CuBLAS());
   return p;
 }
 
@@ -783,8 +789,7 @@ bool launch(const Params& base, const at::Tensor& like) {
     wave.per_wave = static_cast<int>(std::min<int64_t>(split.per_wave, split.chunks - chunk0));
     params.chunk0 = chunk0;
     cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t config =
-        launch_config(plan.path, wave, c10::cuda::getCurrentCUDAStream(), attr);
+    const cudaLaunchConfig_t config = launch_config(plan.path, wave, c10::cuda::getCurrentCUDAStream(), attr);
     C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
   }
   return true;
@@ -792,11 +797,9 @@ bool launch(const Params& base, const at::Tensor& like) {
 
 }  // namespace
 
-bool seq_forward_persistent(const at::Tensor& gates, const RowMajor& w,
-                            const at::Tensor& bias, const RowMajor& h0,
-                            const RowMajor& c0, const at::Tensor& lengths,
-                            const at::Tensor& output, const at::Tensor& h_n,
-                            const at::Tensor& c_n) {
+bool seq_forward_persistent(const at::Tensor& gates, const RowMajor& w, const at::Tensor& bias,
+                            const RowMajor& h0, const RowMajor& c0, const at::Tensor& lengths,
+                            const at::Tensor& output, const at::Tensor& h_n, const at::Tensor& c_n) {
   const int64_t steps = gates.size(0), batch = gates.size(1), state = output.size(2);
   bool launched = false;
   AT_DISPATCH_FLOATING_TYPES_AND2(
@@ -822,22 +825,16 @@ bool seq_forward_persistent(const at::Tensor& gates, const RowMajor& w,
   return launched;
 }
 
-bool seq_backward_persistent(const at::Tensor& grad_output,
-                             const at::Tensor& grad_h_n,
-                             const at::Tensor& grad_c_n, const RowMajor& w,
-                             const at::Tensor& cells, const at::Tensor& gates,
-                             const at::Tensor& lengths, const at::Tensor& d_pre,
+bool seq_backward_persistent(const at::Tensor& grad_output, const at::Tensor& grad_h_n,
+                             const at::Tensor& grad_c_n, const RowMajor& w, const at::Tensor& cells,
+                             const at::Tensor& gates, const at::Tensor& lengths, const at::Tensor& d_pre,
                              const at::Tensor& grad_h0, const at::Tensor& grad_c0) {
   const int64_t steps = cells.size(0), batch = cells.size(1), state = cells.size(2);
   bool launched = false;
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, cells.scalar_type(), "lltm_seq_backward_persistent", [&] {
-        auto ptr = [](const at::Tensor& t) {
-          return t.defined() ? t.const_data_ptr<scalar_t>() : nullptr;
-        };
-        auto mut = [](const at::Tensor& t) {
-          return t.defined() ? t.mutable_data_ptr<scalar_t>() : nullptr;
-        };
+        auto ptr = [](const at::Tensor& t) { return t.defined() ? t.const_data_ptr<scalar_t>() : nullptr; };
+        auto mut = [](const at::Tensor& t) { return t.defined() ? t.mutable_data_ptr<scalar_t>() : nullptr; };
         BackwardParams<scalar_t> p{};
         p.grad_output = ptr(grad_output);
         p.grad_h_n = ptr(grad_h_n);
@@ -863,8 +860,10 @@ bool seq_backward_persistent(const at::Tensor& grad_output,
 std::string fused_cuda_seq_plan(bool backward, int64_t steps, int64_t batch, int64_t state,
                                 c10::ScalarType dtype, int64_t device) {
   using namespace cuda_detail;
-  TORCH_CHECK(steps >= 0 && batch >= 0 && state >= 1, "lltm::_fused_cuda_seq_plan: expected steps >= 0, "
-              "batch >= 0 and state >= 1, got ", steps, ", ", batch, ", ", state);
+  TORCH_CHECK(steps >= 0 && batch >= 0 && state >= 1,
+              "lltm::_fused_cuda_seq_plan: expected steps >= 0, "
+              "batch >= 0 and state >= 1, got ",
+              steps, ", ", batch, ", ", state);
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   std::string report;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "lltm_fused_cuda_seq_plan", [&] {

@@ -45,7 +45,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 struct Allowed {
   bool cluster = true, grid = true, loop = true;
-  bool forced = false;  // exactly one path named: it must run
+  bool forced = false;   // exactly one path named: it must run
   int cluster_size = 0;  // LLTM_SEQ_CLUSTER, 0: the planner's choice
   int grid_group = 0;    // LLTM_SEQ_GROUP, 0: the planner's choice
 };
@@ -94,8 +94,7 @@ Allowed read_environment() {
 
 // The split with `group` CTAs per chunk and `rows` batch rows per chunk, or
 // nothing where one CTA's threads or shared memory cannot hold it.
-std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_t rows,
-                               size_t smem_limit) {
+std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_t rows, size_t smem_limit) {
   const int V = 16 / p.elem;  // elements per 16-byte chunk
   const int64_t units = ceil_div(p.state, group);
   Split s;
@@ -126,7 +125,8 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
   s.chunks = static_cast<int>(ceil_div(p.batch, rows));
   s.per_thread = nb;
   s.ks = ks;
-  s.threads = static_cast<int>(std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, ceil_div(pairs * ks, 32) * 32)));
+  s.threads =
+      static_cast<int>(std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, ceil_div(pairs * ks, 32) * 32)));
   s.row = static_cast<int>(row);
   s.smem = static_cast<size_t>(smem);
   return s;
@@ -173,21 +173,21 @@ std::vector<Split> splits(const Problem& p, SeqPath path, int group, const Devic
 // 0.48 us more than the cluster kernel's, where the fit had them equal) and
 // the half-precision loop (0.8x).
 struct Model {
-  double cluster_fixed = 5300;         // cell math, the step's loads, stores and barrier
-  double cluster_per_cta = 27;         // each CTA a slice goes to (DSMEM stores)
-  double grid_fixed = 6300;            // the same with the arrival counter
+  double cluster_fixed = 5300;            // cell math, the step's loads, stores and barrier
+  double cluster_per_cta = 27;            // each CTA a slice goes to (DSMEM stores)
+  double grid_fixed = 6300;               // the same with the arrival counter
   double grid_l2_bytes_per_cycle = 13.4;  // exchanged rows reloaded from L2, per SM
-  double issue_factor = 2.27;          // issue and dependency stalls per instruction
-  double backward_factor = 1.16;       // backward's three passes over W_h^T and d_pre
-  double launch_us = 5;                // one persistent launch with its W_h load
-  double loop_pointwise_us = 4.9;      // a step's pointwise kernel and graph-node gaps
-  double loop_gemm_floor_us = 3.6;     // a small GEMM on the FMA units
-  double loop_gemm_floor_tc_us = 0.5;  // the same on tensor cores
-  double loop_gemm_efficiency = 0.57;  // of the FMA rate
+  double issue_factor = 2.27;             // issue and dependency stalls per instruction
+  double backward_factor = 1.16;          // backward's three passes over W_h^T and d_pre
+  double launch_us = 5;                   // one persistent launch with its W_h load
+  double loop_pointwise_us = 4.9;         // a step's pointwise kernel and graph-node gaps
+  double loop_gemm_floor_us = 3.6;        // a small GEMM on the FMA units
+  double loop_gemm_floor_tc_us = 0.5;     // the same on tensor cores
+  double loop_gemm_efficiency = 0.57;     // of the FMA rate
   double loop_gemm_efficiency_tc = 0.49;  // of the tensor-core rate
-  double loop_bytes_per_us = 0.93e6;   // the pointwise kernel's traffic
-  double loop_half_factor = 0.8;       // bf16 / fp16 steps against the model
-  int loop_gemm_tile_rows = 64;        // GEMM tiles pad the batch to this many rows
+  double loop_bytes_per_us = 0.93e6;      // the pointwise kernel's traffic
+  double loop_half_factor = 0.8;          // bf16 / fp16 steps against the model
+  int loop_gemm_tile_rows = 64;           // GEMM tiles pad the batch to this many rows
 };
 
 const Model kModel;
@@ -245,9 +245,12 @@ void set_cost(const Problem& p, const DeviceLimits& d, Plan& plan) {
 
 const char* path_name(SeqPath path) {
   switch (path) {
-    case SeqPath::kCluster: return "cluster";
-    case SeqPath::kGrid: return "grid";
-    default: return "loop";
+    case SeqPath::kCluster:
+      return "cluster";
+    case SeqPath::kGrid:
+      return "grid";
+    default:
+      return "loop";
   }
 }
 
@@ -273,7 +276,8 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
     if (!d.cluster_kernels) {
       Plan plan;
       plan.path = SeqPath::kCluster;
-      plan.why_not = "this device or build has no thread-block cluster kernels (compute capability 9.0+, built for it)";
+      plan.why_not =
+          "this device or build has no thread-block cluster kernels (compute capability 9.0+, built for it)";
       out.candidates.push_back(plan);
     } else if (allowed.cluster_size > 0) {
       add_persistent(SeqPath::kCluster, static_cast<int>(std::min<int64_t>(allowed.cluster_size, p.state)));
@@ -310,7 +314,8 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
   }
   if (best == nullptr) {
     std::string reasons;
-    for (const Plan& c : out.candidates) reasons += std::string(" ") + path_name(c.path) + ": " + c.why_not + ";";
+    for (const Plan& c : out.candidates)
+      reasons += std::string(" ") + path_name(c.path) + ": " + c.why_not + ";";
     TORCH_CHECK(false, "lltm::fused (CUDA): LLTM_SEQ_PATH=", std::getenv("LLTM_SEQ_PATH"),
                 " allows no time loop that can run here:", reasons);
   }
@@ -332,8 +337,7 @@ std::string describe(const Problem& p, const Decision& decision) {
     if (c.path != SeqPath::kLoop) {
       const Split& s = c.split;
       os << " units=" << s.units << " rows=" << s.rows << " chunks=" << s.chunks << " waves=" << s.waves
-         << " nb=" << s.per_thread
-         << " ks=" << s.ks << " threads=" << s.threads << " smem=" << s.smem;
+         << " nb=" << s.per_thread << " ks=" << s.ks << " threads=" << s.threads << " smem=" << s.smem;
     }
     os << " model_us=" << c.cost_us;
   }

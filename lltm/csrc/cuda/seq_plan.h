@@ -73,7 +73,7 @@ struct Plan {
 struct Problem {
   bool backward = false;
   int64_t steps = 0, batch = 0, state = 0;
-  int elem = 4;            // bytes per element of the tensor dtype
+  int elem = 4;  // bytes per element of the tensor dtype
   bool is_double = false;
   bool tensor_cores = false;  // cuBLAS may use tensor cores (half types, or TF32 allowed)
 };
@@ -100,8 +100,7 @@ struct Decision {
 
 // Chooses the path of one direction's time loop (the cheapest candidate the
 // environment allows), or raises where a forced path cannot run.
-Decision plan_time_loop(const Problem& problem, const DeviceLimits& device,
-                        const ResidentChunks& resident);
+Decision plan_time_loop(const Problem& problem, const DeviceLimits& device, const ResidentChunks& resident);
 
 // One line per candidate, with the model's numbers and the choice.
 std::string describe(const Problem& problem, const Decision& decision);

@@ -17,37 +17,34 @@ constexpr int kSeqPointwiseThreads = 256;
 // element per thread, at most 8 blocks per multiprocessor.
 inline unsigned int pointwise_blocks(int64_t elements, c10::DeviceIndex device) {
   const int64_t wanted = ceil_div(elements, kSeqPointwiseThreads);
-  return grid_size(std::max<int64_t>(
-      1, std::min<int64_t>(wanted, int64_t(sm_count(device)) * 8)));
+  return grid_size(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t(sm_count(device)) * 8)));
 }
 
-__device__ __forceinline__ bool row_active(const int64_t* lengths, int64_t b,
-                                           int64_t t) {
+__device__ __forceinline__ bool row_active(const int64_t* lengths, int64_t b, int64_t t) {
   return lengths == nullptr || t < lengths[b];
 }
 
 // Step t of the forward. gates_t holds x_t W_x^T + h_{t-1} W_h^T (no bias)
 // on entry and the activated gates on exit.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kSeqPointwiseThreads) seq_forward_step_kernel(
-    scalar_t* __restrict__ gates_t,         // (B, 3S) contiguous, in/out
-    const scalar_t* __restrict__ bias,      // (3S,) contiguous, or null
-    const scalar_t* __restrict__ c_prev,    // (B, S) at b * c_ld + j
-    int64_t c_ld,
-    const scalar_t* __restrict__ h_prev,    // (B, S) at b * h_ld + j; read
-    int64_t h_ld,                           //   only with lengths
-    const int64_t* __restrict__ lengths,    // (B,), or null: all active
-    int64_t t,
-    scalar_t* __restrict__ output_t,        // (B, S) contiguous: h_t or 0
-    scalar_t* __restrict__ cells_t,         // (B, S) contiguous: c_t out
-    scalar_t* __restrict__ h_next,          // (B, S) contiguous carried h,
-                                            //   or null (then h_t = output_t)
-    int64_t batch, int64_t state) {
+__global__ void __launch_bounds__(kSeqPointwiseThreads)
+    seq_forward_step_kernel(scalar_t* __restrict__ gates_t,       // (B, 3S) contiguous, in/out
+                            const scalar_t* __restrict__ bias,    // (3S,) contiguous, or null
+                            const scalar_t* __restrict__ c_prev,  // (B, S) at b * c_ld + j
+                            int64_t c_ld,
+                            const scalar_t* __restrict__ h_prev,  // (B, S) at b * h_ld + j; read
+                            int64_t h_ld,                         //   only with lengths
+                            const int64_t* __restrict__ lengths,  // (B,), or null: all active
+                            int64_t t,
+                            scalar_t* __restrict__ output_t,  // (B, S) contiguous: h_t or 0
+                            scalar_t* __restrict__ cells_t,   // (B, S) contiguous: c_t out
+                            scalar_t* __restrict__ h_next,    // (B, S) contiguous carried h,
+                                                              //   or null (then h_t = output_t)
+                            int64_t batch, int64_t state) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t n = batch * state;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       e < n; e += stride) {
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
     const int64_t b = e / state;
     const int64_t j = e - b * state;
     scalar_t* g = gates_t + b * 3 * state + j;
@@ -84,24 +81,23 @@ __global__ void __launch_bounds__(kSeqPointwiseThreads) seq_forward_step_kernel(
 // Rows past their length get d_pre = 0, keep dc, and (with lengths) write
 // gh into dh_carry, which the GEMM then accumulates into.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kSeqPointwiseThreads) seq_backward_step_kernel(
-    const scalar_t* __restrict__ dh,        // (B, S) contiguous
-    const scalar_t* __restrict__ grad_out_t,  // (B, S) contiguous, or null
-    at::opmath_type<scalar_t>* __restrict__ dc,  // (B, S) contiguous, in/out
-                                            //   (float for half and bfloat16:
-                                            //   carried over all T steps)
-    const scalar_t* __restrict__ cells_t,   // (B, S) contiguous
-    const scalar_t* __restrict__ gates_t,   // (B, 3S) contiguous, activated
-    const int64_t* __restrict__ lengths,    // (B,), or null
-    int64_t t,
-    scalar_t* __restrict__ d_pre_t,         // (B, 3S) contiguous
-    scalar_t* __restrict__ dh_carry,        // (B, S) contiguous, or null
-    int64_t batch, int64_t state) {
+__global__ void __launch_bounds__(kSeqPointwiseThreads)
+    seq_backward_step_kernel(const scalar_t* __restrict__ dh,             // (B, S) contiguous
+                             const scalar_t* __restrict__ grad_out_t,     // (B, S) contiguous, or null
+                             at::opmath_type<scalar_t>* __restrict__ dc,  // (B, S) contiguous, in/out
+                                                                          //   (float for half and bfloat16:
+                                                                          //   carried over all T steps)
+                             const scalar_t* __restrict__ cells_t,        // (B, S) contiguous
+                             const scalar_t* __restrict__ gates_t,        // (B, 3S) contiguous, activated
+                             const int64_t* __restrict__ lengths,         // (B,), or null
+                             int64_t t,
+                             scalar_t* __restrict__ d_pre_t,   // (B, 3S) contiguous
+                             scalar_t* __restrict__ dh_carry,  // (B, S) contiguous, or null
+                             int64_t batch, int64_t state) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t n = batch * state;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       e < n; e += stride) {
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
     const int64_t b = e / state;
     const int64_t j = e - b * state;
     scalar_t* dp = d_pre_t + b * 3 * state + j;
@@ -115,10 +111,8 @@ __global__ void __launch_bounds__(kSeqPointwiseThreads) seq_backward_step_kernel
     }
     if (grad_out_t != nullptr) gh += static_cast<acc_t>(grad_out_t[e]);
     const scalar_t* g = gates_t + b * 3 * state + j;
-    const CellBackward<acc_t> d(
-        gh, dc[e], static_cast<acc_t>(cells_t[e]),
-        static_cast<acc_t>(g[0]), static_cast<acc_t>(g[state]),
-        static_cast<acc_t>(g[2 * state]));
+    const CellBackward<acc_t> d(gh, dc[e], static_cast<acc_t>(cells_t[e]), static_cast<acc_t>(g[0]),
+                                static_cast<acc_t>(g[state]), static_cast<acc_t>(g[2 * state]));
     dp[0] = static_cast<scalar_t>(d.d_input);
     dp[state] = static_cast<scalar_t>(d.d_output);
     dp[2 * state] = static_cast<scalar_t>(d.d_candidate);
@@ -134,19 +128,18 @@ __global__ void __launch_bounds__(kSeqPointwiseThreads) seq_backward_step_kernel
 // carries over there. The loads of kUnroll steps are issued before their
 // sums, so a thread waits for memory once per kUnroll steps, not per step.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kSeqPointwiseThreads) seq_cells_kernel(
-    const scalar_t* __restrict__ gates,  // (T, B, 3S) contiguous, activated
-    const scalar_t* __restrict__ c0,     // (B, S) at b * c0_ld + j
-    int64_t c0_ld,
-    scalar_t* __restrict__ cells,        // (T, B, S) contiguous
-    int64_t steps, int64_t batch, int64_t state) {
+__global__ void __launch_bounds__(kSeqPointwiseThreads)
+    seq_cells_kernel(const scalar_t* __restrict__ gates,  // (T, B, 3S) contiguous, activated
+                     const scalar_t* __restrict__ c0,     // (B, S) at b * c0_ld + j
+                     int64_t c0_ld,
+                     scalar_t* __restrict__ cells,  // (T, B, S) contiguous
+                     int64_t steps, int64_t batch, int64_t state) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int kUnroll = 8;
   const int64_t n = batch * state;
   const int64_t gate_step = 3 * n;  // elements between steps t and t + 1
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       e < n; e += stride) {
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
     const int64_t b = e / state;
     const int64_t j = e - b * state;
     const scalar_t* g = gates + b * 3 * state + j;

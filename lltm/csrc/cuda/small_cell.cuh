@@ -57,12 +57,9 @@ struct SplitK {
 // operand in acc_t, or 0 out of range (r >= R included). kAAlongR: A is
 // contiguous along r (else along m); kBAlongN: B is contiguous along n (else
 // along r); consecutive threads then load consecutive addresses.
-template <typename T, int KS, bool kAAlongR, bool kBAlongN, typename acc_t,
-          typename LoadA, typename LoadB>
-__device__ __forceinline__ void tile_gemm(acc_t (&acc)[T::TM][T::TN],
-                                          int64_t R, const LoadA& load_a,
-                                          const LoadB& load_b,
-                                          acc_t* __restrict__ smem) {
+template <typename T, int KS, bool kAAlongR, bool kBAlongN, typename acc_t, typename LoadA, typename LoadB>
+__device__ __forceinline__ void tile_gemm(acc_t (&acc)[T::TM][T::TN], int64_t R, const LoadA& load_a,
+                                          const LoadB& load_b, acc_t* __restrict__ smem) {
   const int group = threadIdx.x / T::kThreads;
   const int tid = threadIdx.x % T::kThreads;
   const int tx = tid % T::TX;
@@ -80,12 +77,22 @@ __device__ __forceinline__ void tile_gemm(acc_t (&acc)[T::TM][T::TN],
 
   // Element e of a tile: (m, r) or (r, n) with the contiguous index fastest.
   auto a_coord = [](int e, int& m, int& r) {
-    if (kAAlongR) { m = e / T::BK; r = e % T::BK; }
-    else          { r = e / T::BM; m = e % T::BM; }
+    if (kAAlongR) {
+      m = e / T::BK;
+      r = e % T::BK;
+    } else {
+      r = e / T::BM;
+      m = e % T::BM;
+    }
   };
   auto b_coord = [](int e, int& r, int& n) {
-    if (kBAlongN) { r = e / T::BN; n = e % T::BN; }
-    else          { n = e / T::BK; r = e % T::BK; }
+    if (kBAlongN) {
+      r = e / T::BN;
+      n = e % T::BN;
+    } else {
+      n = e / T::BK;
+      r = e % T::BK;
+    }
   };
   acc_t reg_a[T::kPerThreadA], reg_b[T::kPerThreadB];
   auto fetch = [&](int64_t round) {
@@ -190,18 +197,17 @@ constexpr int small_kernel_threads() {
 
 template <typename scalar_t>
 __global__ void __launch_bounds__(small_kernel_threads<scalar_t>())
-    cell_forward_small_kernel(
-        const scalar_t* __restrict__ old_h, int64_t ld_h,    // (B, S)
-        const scalar_t* __restrict__ input, int64_t ld_x,    // (B, I)
-        const scalar_t* __restrict__ weights, int64_t ld_w,  // (3S, S + I)
-        const scalar_t* __restrict__ bias,                   // (3S,) or null
-        const scalar_t* __restrict__ old_cell,  // (B, S) at b * c_rs + j * c_cs
-        int64_t c_rs, int64_t c_cs,
-        scalar_t* __restrict__ new_h,     // (B, S) contiguous
-        scalar_t* __restrict__ new_cell,  // (B, S) contiguous
-        scalar_t* __restrict__ gates,     // (B, 3S) contiguous
-        int64_t batch, int64_t state, int64_t features,
-        int64_t state_tiles) {  // ceil(S / kFwdStateCols)
+    cell_forward_small_kernel(const scalar_t* __restrict__ old_h, int64_t ld_h,    // (B, S)
+                              const scalar_t* __restrict__ input, int64_t ld_x,    // (B, I)
+                              const scalar_t* __restrict__ weights, int64_t ld_w,  // (3S, S + I)
+                              const scalar_t* __restrict__ bias,                   // (3S,) or null
+                              const scalar_t* __restrict__ old_cell,  // (B, S) at b * c_rs + j * c_cs
+                              int64_t c_rs, int64_t c_cs,
+                              scalar_t* __restrict__ new_h,     // (B, S) contiguous
+                              scalar_t* __restrict__ new_cell,  // (B, S) contiguous
+                              scalar_t* __restrict__ gates,     // (B, 3S) contiguous
+                              int64_t batch, int64_t state, int64_t features,
+                              int64_t state_tiles) {  // ceil(S / kFwdStateCols)
   using T = ForwardTile;
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int KS = SplitK<acc_t>::value;
@@ -226,8 +232,7 @@ __global__ void __launch_bounds__(small_kernel_threads<scalar_t>())
     return static_cast<acc_t>(weights[(gate * state + j) * ld_w + k]);
   };
   acc_t acc[T::TM][T::TN];
-  tile_gemm<T, KS, /*kAAlongR=*/true, /*kBAlongN=*/false>(acc, K, load_x,
-                                                          load_w, smem);
+  tile_gemm<T, KS, /*kAAlongR=*/true, /*kBAlongN=*/false>(acc, K, load_x, load_w, smem);
   if (threadIdx.x >= T::kThreads) return;  // group 0 holds the sums
 
   const int tx = threadIdx.x % T::TX;
@@ -245,8 +250,7 @@ __global__ void __launch_bounds__(small_kernel_threads<scalar_t>())
     const int64_t b = row0 + ty + i * T::TY;
     if (b >= batch) continue;
     // accumulator column q = gate (tile column gate * 16 + tx)
-    const CellForward<acc_t> cell(acc[i][0] + b_i, acc[i][1] + b_o,
-                                  acc[i][2] + b_c,
+    const CellForward<acc_t> cell(acc[i][0] + b_i, acc[i][1] + b_o, acc[i][2] + b_c,
                                   static_cast<acc_t>(old_cell[b * c_rs + j * c_cs]));
     scalar_t* g = gates + b * 3 * state + j;
     g[0] = static_cast<scalar_t>(cell.input_gate);
@@ -273,18 +277,17 @@ static_assert(BackwardXTile::kThreads == BackwardWTile::kThreads &&
 // [S, S + I) grad_input, so a gradient nobody asked for is skipped.
 template <typename scalar_t>
 __global__ void __launch_bounds__(small_kernel_threads<scalar_t>())
-    cell_backward_small_kernel(
-        const scalar_t* __restrict__ d_pre,                  // (B, 3S) contiguous
-        const scalar_t* __restrict__ weights, int64_t ld_w,  // (3S, S + I)
-        const scalar_t* __restrict__ old_h, int64_t ld_h,    // (B, S)
-        const scalar_t* __restrict__ input, int64_t ld_x,    // (B, I)
-        scalar_t* __restrict__ grad_old_h,    // (B, S) contiguous
-        scalar_t* __restrict__ grad_input,    // (B, I) contiguous
-        scalar_t* __restrict__ grad_weights,  // (3S, S + I) contiguous
-        int64_t batch, int64_t state, int64_t features,
-        int64_t x_col_begin, int64_t x_col_end,
-        int64_t x_tiles, int64_t x_col_tiles,  // dX: tiles, tiles per row
-        int64_t w_col_tiles) {                 // dW: tiles per row
+    cell_backward_small_kernel(const scalar_t* __restrict__ d_pre,                  // (B, 3S) contiguous
+                               const scalar_t* __restrict__ weights, int64_t ld_w,  // (3S, S + I)
+                               const scalar_t* __restrict__ old_h, int64_t ld_h,    // (B, S)
+                               const scalar_t* __restrict__ input, int64_t ld_x,    // (B, I)
+                               scalar_t* __restrict__ grad_old_h,                   // (B, S) contiguous
+                               scalar_t* __restrict__ grad_input,                   // (B, I) contiguous
+                               scalar_t* __restrict__ grad_weights,                 // (3S, S + I) contiguous
+                               int64_t batch, int64_t state, int64_t features, int64_t x_col_begin,
+                               int64_t x_col_end, int64_t x_tiles,
+                               int64_t x_col_tiles,    // dX: tiles, tiles per row
+                               int64_t w_col_tiles) {  // dW: tiles per row
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int KS = SplitK<acc_t>::value;
   constexpr int kSmemX = BackwardXTile::template smem_elems<KS>();
@@ -300,17 +303,14 @@ __global__ void __launch_bounds__(small_kernel_threads<scalar_t>())
     const int64_t col0 = x_col_begin + (tile % x_col_tiles) * T::BN;
     auto load_dp = [&](int m, int64_t r) -> acc_t {
       const int64_t b = row0 + m;
-      return (b < batch && r < S3) ? static_cast<acc_t>(d_pre[b * S3 + r])
-                                   : acc_t(0);
+      return (b < batch && r < S3) ? static_cast<acc_t>(d_pre[b * S3 + r]) : acc_t(0);
     };
     auto load_w = [&](int64_t r, int n) -> acc_t {
       const int64_t k = col0 + n;
-      return (r < S3 && k < x_col_end) ? static_cast<acc_t>(weights[r * ld_w + k])
-                                       : acc_t(0);
+      return (r < S3 && k < x_col_end) ? static_cast<acc_t>(weights[r * ld_w + k]) : acc_t(0);
     };
     acc_t acc[T::TM][T::TN];
-    tile_gemm<T, KS, /*kAAlongR=*/true, /*kBAlongN=*/true>(acc, S3, load_dp,
-                                                           load_w, smem);
+    tile_gemm<T, KS, /*kAAlongR=*/true, /*kBAlongN=*/true>(acc, S3, load_dp, load_w, smem);
     if (threadIdx.x >= T::kThreads) return;  // group 0 holds the sums
     const int tx = threadIdx.x % T::TX;
     const int ty = threadIdx.x / T::TX;
@@ -335,10 +335,9 @@ __global__ void __launch_bounds__(small_kernel_threads<scalar_t>())
     const int64_t tile = static_cast<int64_t>(blockIdx.x) - x_tiles;
     const int64_t row0 = (tile / w_col_tiles) * T::BM;  // gate column of d_pre
     const int64_t col0 = (tile % w_col_tiles) * T::BN;  // column of X
-    auto load_dpt = [&](int m, int64_t b) -> acc_t {  // d_pre^T (3S x B)
+    auto load_dpt = [&](int m, int64_t b) -> acc_t {    // d_pre^T (3S x B)
       const int64_t r = row0 + m;
-      return (r < S3 && b < batch) ? static_cast<acc_t>(d_pre[b * S3 + r])
-                                   : acc_t(0);
+      return (r < S3 && b < batch) ? static_cast<acc_t>(d_pre[b * S3 + r]) : acc_t(0);
     };
     auto load_x = [&](int64_t b, int n) -> acc_t {  // X = [old_h | input]
       const int64_t k = col0 + n;
@@ -347,8 +346,7 @@ __global__ void __launch_bounds__(small_kernel_threads<scalar_t>())
                        : static_cast<acc_t>(input[b * ld_x + (k - state)]);
     };
     acc_t acc[T::TM][T::TN];
-    tile_gemm<T, KS, /*kAAlongR=*/false, /*kBAlongN=*/true>(acc, batch, load_dpt,
-                                                            load_x, smem);
+    tile_gemm<T, KS, /*kAAlongR=*/false, /*kBAlongN=*/true>(acc, batch, load_dpt, load_x, smem);
     if (threadIdx.x >= T::kThreads) return;  // group 0 holds the sums
     const int tx = threadIdx.x % T::TX;
     const int ty = threadIdx.x / T::TX;
