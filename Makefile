@@ -13,16 +13,19 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
+# one clang-format for every machine (its output changes between versions)
+CLANG_FORMAT_VERSION := 21.1.8
 export MAX_JOBS ?= 2
 BENCH_ARGS ?=
 INSTALL_STAMP := build/.editable-install
 
-.PHONY: setup deps build bench test test-fast lint check-cuda-compile gpu-check clean
+.PHONY: setup deps build bench test test-fast lint format check-cuda-compile gpu-check clean
 
 deps:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
-	@$(PYTHON) -c "import setuptools, wheel, ninja, tqdm, matplotlib, pytest, hypothesis, numpy, ruff" 2>/dev/null \
-		|| $(PIP) install -q setuptools wheel ninja tqdm matplotlib pytest hypothesis numpy ruff
+	@$(PYTHON) -c "import setuptools, wheel, ninja, tqdm, matplotlib, pytest, hypothesis, numpy, ruff, clang_format" \
+		2>/dev/null || $(PIP) install -q setuptools wheel ninja tqdm matplotlib pytest hypothesis numpy ruff \
+		"clang-format==$(CLANG_FORMAT_VERSION)"
 
 # The editable install compiles lltm._C into lltm/ once; later builds are `build`'s.
 $(INSTALL_STAMP): pyproject.toml setup.py
@@ -38,7 +41,7 @@ setup: build
 bench: setup
 	$(PYTHON) -m lltm bench $(BENCH_ARGS)
 
-# ruff, then an nvcc compile-only check of the CUDA kernels against torch's
+# lint (ruff and clang-format), then an nvcc compile-only check of the CUDA kernels against torch's
 # headers (no GPU needed; skipped where there is no nvcc), then the whole suite.
 test: setup lint check-cuda-compile
 	$(PYTHON) -m pytest tests -q -rs
@@ -46,8 +49,16 @@ test: setup lint check-cuda-compile
 test-fast: setup
 	$(PYTHON) -m pytest tests -q -rs -m "not slow"
 
+# ruff (lint and format) for Python, clang-format for C++ and CUDA: checked
+# by `make test`, applied by `make format`.
 lint: deps
 	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	$(PYTHON) scripts/format_cpp.py --check
+
+format: deps
+	$(PYTHON) -m ruff format .
+	$(PYTHON) scripts/format_cpp.py
 
 check-cuda-compile:
 	PYTHON=$(PYTHON) bash scripts/check_cuda_compile.sh
