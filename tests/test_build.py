@@ -26,3 +26,19 @@ def test_default_cuda_arch_list_covers_every_supported_gpu(monkeypatch):
     assert "-gencode=arch=compute_90,code=compute_90" in flags
     env = {"TORCH_CUDA_ARCH_LIST": "9.0"}
     assert _sources.default_cuda_arch_list(env) == "9.0"
+
+
+def test_every_source_file_is_built():
+    """A CUDA build compiles every .cpp and .cu file under lltm/csrc, a CPU build every one outside the
+    CUDA-only places (lltm/csrc/cuda/ and the .cu files), so a new file in a backend's folder cannot be
+    left out of the library (its symbols would be missing at load time)."""
+    import glob
+
+    every = {
+        os.path.relpath(p, _sources.CSRC)
+        for ext in ("cpp", "cu")
+        for p in glob.glob(os.path.join(_sources.CSRC, "**", f"*.{ext}"), recursive=True)
+    }
+    cuda_only = {p for p in every if p.endswith(".cu") or p.startswith("cuda" + os.sep)}
+    assert {os.path.relpath(p, _sources.CSRC) for p in _sources.sources(True)} == every
+    assert {os.path.relpath(p, _sources.CSRC) for p in _sources.sources(False)} == every - cuda_only
