@@ -77,7 +77,6 @@ CellBackwardResult fused_cell_backward_cpu(const at::Tensor& grad_h,     // (B, 
                            old_h);
   const AskedGradients asked(output_mask, input.options());
   if (!asked.any()) return asked.placeholders();
-  const auto not_asked = [&] { return asked.placeholder(); };
   const auto options = input.options();
   const cpu::Kernels kernels = cpu::kernels_for(input);
   const int64_t batch = input.size(0), features = input.size(1), state = weights.size(0) / 3;
@@ -87,16 +86,16 @@ CellBackwardResult fused_cell_backward_cpu(const at::Tensor& grad_h,     // (B, 
   const at::Tensor gh = grad_h.to(acc).contiguous(), gc = grad_cell.to(acc).contiguous(),
                    cn = new_cell.contiguous(), g = gates.contiguous(), w = cpu::rows_contiguous(weights);
   at::Tensor d_pre = at::empty({batch, 3 * state}, options);  // d loss / d pre-activations
-  at::Tensor grad_old_cell = output_mask[4] ? at::empty({batch, state}, acc) : at::Tensor();
-  at::Tensor grad_bias = output_mask[2] ? at::zeros({3 * state}, acc) : at::Tensor();
+  at::Tensor grad_old_cell = asked.c ? at::empty({batch, state}, acc) : at::Tensor();
+  at::Tensor grad_bias = asked.bias ? at::zeros({3 * state}, acc) : at::Tensor();
   cpu::BackwardStep step{};
   step.dh_carry = const_cast<void*>(gh.const_data_ptr());  // read only: no lengths
   step.dc_in = gc.const_data_ptr();
-  step.dc_out = output_mask[4] ? grad_old_cell.data_ptr() : nullptr;
+  step.dc_out = asked.c ? grad_old_cell.data_ptr() : nullptr;
   step.cell = cn.const_data_ptr();
   step.gates = g.const_data_ptr();
   step.d_pre = d_pre.data_ptr();
-  step.bias_grad = output_mask[2] ? grad_bias.data_ptr() : nullptr;
+  step.bias_grad = asked.bias ? grad_bias.data_ptr() : nullptr;
   step.batch = batch;
   step.state = state;
   const int64_t blocks = kernels.gate_blocks(state);
@@ -113,10 +112,10 @@ CellBackwardResult fused_cell_backward_cpu(const at::Tensor& grad_h,     // (B, 
                   3 * state);
     return out.to(dtype);
   };
-  const at::Tensor grad_input = output_mask[0] ? d_times_w(state, features) : not_asked();
-  const at::Tensor grad_old_h = output_mask[3] ? d_times_w(0, state) : not_asked();
-  at::Tensor grad_weights = not_asked();
-  if (output_mask[1]) {
+  const at::Tensor grad_input = asked.input ? d_times_w(state, features) : asked.placeholder();
+  const at::Tensor grad_old_h = asked.h ? d_times_w(0, state) : asked.placeholder();
+  at::Tensor grad_weights = asked.placeholder();
+  if (asked.weights) {
     // dW = d_pre^T [old_h | input]: A = d_pre^T (strides 1, 3S)
     grad_weights = at::empty({3 * state, state + features}, acc);
     const at::Tensor h = cpu::rows_contiguous(old_h), x = cpu::rows_contiguous(input);
@@ -126,8 +125,8 @@ CellBackwardResult fused_cell_backward_cpu(const at::Tensor& grad_h,     // (B, 
                   x.const_data_ptr(), x.stride(0), batch);
     grad_weights = grad_weights.to(dtype);
   }
-  return {grad_input, grad_weights, output_mask[2] ? grad_bias.to(dtype) : not_asked(), grad_old_h,
-          output_mask[4] ? grad_old_cell.to(dtype) : not_asked()};
+  return {grad_input, grad_weights, asked.bias ? grad_bias.to(dtype) : asked.placeholder(), grad_old_h,
+          asked.c ? grad_old_cell.to(dtype) : asked.placeholder()};
 }
 
 void register_cell(torch::Library& m) {

@@ -123,9 +123,6 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
   const auto options = input.options();
   const AskedGradients asked(output_mask, options);
   if (!asked.any()) return asked.placeholders();
-  const auto not_asked = [&] { return asked.placeholder(); };
-  const bool want_input = asked.input, want_weights = asked.weights, want_bias = asked.bias,
-             want_h0 = asked.h, want_c0 = asked.c;
   const cpu::Kernels kernels = cpu::kernels_for(input);
   const int64_t steps = input.size(0), batch = input.size(1), features = input.size(2),
                 state = weights.size(0) / 3;
@@ -139,8 +136,8 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
   at::Tensor dc = has(grad_c_n) ? grad_c_n->to(acc, false, true, at::MemoryFormat::Contiguous)
                                 : at::zeros({batch, state}, acc);
   at::Tensor d_pre = at::empty({steps, batch, 3 * state}, options);
-  at::Tensor grad_bias = want_bias ? at::zeros({3 * state}, acc) : at::Tensor();
-  at::Tensor grad_h0 = want_h0 ? at::empty({batch, state}, acc) : at::Tensor();
+  at::Tensor grad_bias = asked.bias ? at::zeros({3 * state}, acc) : at::Tensor();
+  at::Tensor grad_h0 = asked.h ? at::empty({batch, state}, acc) : at::Tensor();
   if (steps > 0 && batch > 0) {
     const at::Tensor go = cpu::contiguous_or_undefined(grad_output);
     const at::Tensor cells = seq_cells(c0, gates).contiguous(), g = gates.contiguous();
@@ -156,7 +153,7 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
       step.dh_carry = dh.data_ptr();
       step.dc_in = dc.const_data_ptr();
       step.dc_out = dc.data_ptr();
-      step.bias_grad = want_bias ? grad_bias.data_ptr() : nullptr;
+      step.bias_grad = asked.bias ? grad_bias.data_ptr() : nullptr;
       step.lengths = len_ptr;
       step.batch = batch;
       step.state = state;
@@ -169,9 +166,9 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
         step.step = t;
         kernels.backward(step, j0, j1);
         // d_pre_t complete before any worker multiplies it by W_h
-        if (t > 0 || want_h0) sync.wait();
+        if (t > 0 || asked.h) sync.wait();
       }
-      if (want_h0) {
+      if (asked.h) {
         // d h0 = d_pre_0 W_h (+ the carried gradient on rows of length 0)
         step.d_pre_next = step_ptr(d_pre, 0);
         step.dh_out = grad_h0.data_ptr();
@@ -179,18 +176,18 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
         kernels.backward(step, j0, j1);
       }
     });
-  } else if (want_h0) {
+  } else if (asked.h) {
     grad_h0.copy_(dh);
   }
 
-  at::Tensor grad_input = not_asked(), grad_weights = not_asked();
+  at::Tensor grad_input = asked.placeholder(), grad_weights = asked.placeholder();
   if (cpu::bf16_gemm_by_onednn(input)) {
     // the bias gradient is summed in the time loop
-    const AskedGradients gemms({want_input, want_weights, false, false, false}, options);
+    const AskedGradients gemms({asked.input, asked.weights, false, false, false}, options);
     std::tie(grad_input, grad_weights, std::ignore) =
         seq_parameter_gradients(d_pre, input, weights, h0, output, gemms);
   } else {
-    if (want_input) {
+    if (asked.input) {
       // dx = d_pre W_x over all T*B rows
       grad_input = at::empty({steps * batch, features}, acc);
       cpu::gemm_out(kernels, grad_input, d_pre.const_data_ptr(), 3 * state, 1,
@@ -198,7 +195,7 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
                     3 * state);
       grad_input = grad_input.view({steps, batch, features}).to(dtype);
     }
-    if (want_weights) {
+    if (asked.weights) {
       grad_weights = at::empty({3 * state, state + features}, acc);
       // dW = sum_t d_pre_t^T [h_{t-1} | x_t]: A = d_pre^T (strides 1, 3S)
       // over all T*B rows; h_{t-1} = h0 at t = 0, else output[t - 1] (equal
@@ -220,8 +217,8 @@ SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_o
     }
   }
   // The carried gradients are this call's own buffers: fresh outputs.
-  return {grad_input, grad_weights, want_bias ? grad_bias.to(dtype) : not_asked(),
-          want_h0 ? grad_h0.to(dtype) : not_asked(), want_c0 ? dc.to(dtype) : not_asked()};
+  return {grad_input, grad_weights, asked.bias ? grad_bias.to(dtype) : asked.placeholder(),
+          asked.h ? grad_h0.to(dtype) : asked.placeholder(), asked.c ? dc.to(dtype) : asked.placeholder()};
 }
 
 void register_seq(torch::Library& m) {
