@@ -16,7 +16,7 @@ import lltm
 from lltm import functional
 from lltm.reference import lltm_reference
 
-from .test_seq import NAMES, _check, _outputs_and_grads, _rel_err, make_seq
+from .test_seq import NAMES, _check, _outputs_and_grads, _rel_err, check_graph_capture_and_replay, make_seq
 
 PATHS = ["cluster", "grid", "loop"]
 
@@ -155,37 +155,7 @@ def test_paths_in_a_users_cuda_graph(monkeypatch, path):
     """Forward and backward of a whole layer captured in the user's CUDA
     graph (no host synchronisation inside), replayed on new inputs."""
     _use_path(monkeypatch, path)
-    T, B, I, S = 12, 8, 16, 32
-    static = [a.detach().requires_grad_() for a in make_seq(T, B, I, S, device="cuda", dtype=torch.float32)]
-    static_g = [torch.randn(T, B, S, device="cuda"), torch.randn(B, S, device="cuda")]
-
-    def step():
-        out, (h_n, c_n) = functional.lltm(*static, backend="fused")
-        grads = torch.autograd.grad((out, c_n), static, static_g)
-        return (out, h_n, c_n) + grads
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
-    for seed in (11, 12):
-        fresh = make_seq(T, B, I, S, device="cuda", dtype=torch.float32, seed=seed, requires_grad=False)
-        fresh_g = [torch.randn_like(g) for g in static_g]
-        with torch.no_grad():
-            for dst, src in zip(static + static_g, list(fresh) + fresh_g):
-                dst.copy_(src)
-        graph.replay()
-        torch.cuda.synchronize()
-        up = [a.double().cpu().requires_grad_() for a in fresh]
-        r_out, (r_h, r_c) = lltm_reference(*up)
-        r_grads = torch.autograd.grad((r_out, r_c), up, [g.double().cpu() for g in fresh_g])
-        for o, r in zip(outs, (r_out, r_h, r_c) + r_grads):
-            assert _rel_err(o, r) <= 1e-5
+    check_graph_capture_and_replay("fused")
 
 
 @pytest.mark.parametrize("graphs", ["1", "0"], ids=["replay", "no-replay"])
