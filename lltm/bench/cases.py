@@ -108,13 +108,14 @@ def _autograd_backward(grads: Outputs, leaves: list[Tensor], accumulate: bool) -
 
 
 @contextlib.contextmanager
-def _cudnn_tf32(allowed: bool) -> Iterator[None]:
-    old = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = allowed
+def _tf32(switches: object, allowed: bool) -> Iterator[None]:
+    """`switches.allow_tf32` (torch.backends.cudnn or torch.backends.cuda.matmul) set to `allowed` inside."""
+    old = switches.allow_tf32
+    switches.allow_tf32 = allowed
     try:
         yield
     finally:
-        torch.backends.cudnn.allow_tf32 = old
+        switches.allow_tf32 = old
 
 
 def _within(case: Case, context: Callable[[], contextlib.AbstractContextManager], backward: bool = True) -> Case:
@@ -137,17 +138,7 @@ def _within(case: Case, context: Callable[[], contextlib.AbstractContextManager]
 
 def _no_tf32(case: Case) -> Case:
     """The same case with cuDNN's TF32 off around forward and backward."""
-    return _within(case, lambda: _cudnn_tf32(False))
-
-
-@contextlib.contextmanager
-def _matmul_tf32(allowed: bool) -> Iterator[None]:
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = allowed
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
+    return _within(case, lambda: _tf32(torch.backends.cudnn, False))
 
 
 def precision(name: str, cfg: Config) -> str:
@@ -295,7 +286,7 @@ def seq_case(name: str, cfg: Config) -> Case:
     if name == "lstm-notf32":
         return _no_tf32(case)
     if name == "fused-tf32":
-        return _within(case, lambda: _matmul_tf32(True))
+        return _within(case, lambda: _tf32(torch.backends.cuda.matmul, True))
     return case
 
 
