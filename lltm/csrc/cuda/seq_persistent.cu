@@ -30,8 +30,10 @@
 //                    an arrival counter, and each CTA reloads the whole step
 //                    into its shared memory.
 // Exchanged values travel in the tensor dtype (what the per-step cuBLAS path
-// reads too); every product accumulates in float (double for double) with
-// plain FMA: float32 is strict fp32, never TF32. Exchange buffers are
+// reads too); every product accumulates in float (double for double). The
+// dot products run one of two ways (the split's dot, seq_plan.h): FMA
+// chains (float32 strict fp32) or tensor-core MMA tiles (half types, and
+// float32 as TF32 where the user allowed it). Exchange buffers are
 // double-buffered by step parity, so one barrier per step suffices: a CTA
 // writes parity p again only after the barrier every CTA passes after its
 // last read of parity p.
@@ -81,6 +83,7 @@ struct ForwardParams {
   int64_t steps, batch;
   int64_t chunk0;  // the first chunk of this launch (a wave)
   int state, group, units, rows, rows_padded, ks, row;
+  int mtiles, ksplit, w_rows;  // the MMA dot (seq_plan.h's Split)
 };
 
 template <typename scalar_t>
@@ -101,6 +104,7 @@ struct BackwardParams {
   int64_t steps, batch;
   int64_t chunk0;  // the first chunk of this launch (a wave)
   int state, group, units, rows, rows_padded, ks, row;
+  int mtiles, ksplit, w_rows;  // the MMA dot (seq_plan.h's Split)
 };
 
 // Where this CTA sits: its units [j0, j0 + jn) and batch rows [b0, b0 + bn).
@@ -245,6 +249,151 @@ struct GridExchange {
   }
 };
 
+// ------------------------------------------------------ the tensor-core dot
+//
+// One step's recurrent products of a CTA as warp-level MMAs (mma.sync,
+// sm_80+), fp32 accumulators: D = A B with A = rows of W_h's slice in
+// shared memory (row-major, `row` elements a row) and B = the exchanged
+// rows (batch row n is B's column n, contiguous in k). K comes in
+// `segments` segments: segment s of A starts `seg_rows` rows further down,
+// of B one row further (backward: gate s of d_pre_t); B's batch rows lie
+// `b_stride` elements apart. Warp w takes the (tile, k slice) tasks w, w +
+// warps, ...: one 16-row tile of A against all NT 8-row tiles of B over
+// its k slice, written to tile[slice][m][n] (ld = 8 NT + 1 floats); readers
+// add the slices in order, so no result depends on timing. Padding: A's and
+// B's k past S is zero in shared memory; rows of A past the CTA's units and
+// columns of B past its batch rows give D entries nobody reads.
+
+__device__ __forceinline__ uint32_t to_tf32(uint32_t x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(x)));
+  return r;
+}
+
+// d += a b for one 16 x 8 tile: m16n8k8 TF32 for float, m16n8k16 for half types.
+template <typename scalar_t>
+__device__ __forceinline__ void mma_tile(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    static_assert(std::is_same_v<scalar_t, at::Half>, "MMA for float (TF32), bfloat16 and half only");
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+#endif
+}
+
+// NT B tiles (8 batch rows each; NT = 1, 2, 4 or 8: the planner pads the
+// rows to one of these). The k steps of one task alternate between two sets
+// of accumulators, so two MMA chains are in flight (one chain would wait out
+// every MMA's latency); the sets are added at the end.
+template <typename scalar_t, int NT>
+__device__ __forceinline__ void mma_dot_tiles(const scalar_t* a, const scalar_t* b, int segments,
+                                              int seg_rows, int b_stride, int row, int state, int mtiles,
+                                              int ksplit, float* tile) {
+  constexpr bool kTf32 = std::is_same_v<scalar_t, float>;
+  constexpr int kStep = kTf32 ? 8 : 16;  // k of one MMA
+  constexpr int kPer = kTf32 ? 1 : 2;    // elements per 32-bit word
+  constexpr int kWords = kStep / kPer;   // words of one k step in a row
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int ksteps = (state + kStep - 1) / kStep;
+  const int total = segments * ksteps;
+  constexpr int ld = NT * 8 + 1;
+  const int row_w = row / kPer, b_w = b_stride / kPer;  // in words
+  const uint32_t* a32 = reinterpret_cast<const uint32_t*>(a);
+  const uint32_t* b32 = reinterpret_cast<const uint32_t*>(b);
+  for (int task = warp; task < mtiles * ksplit; task += warps) {
+    const int mt = task % mtiles, slice = task / mtiles;
+    const int k0 = slice * total / ksplit, k1 = (slice + 1) * total / ksplit;
+    float acc[2][NT][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[h][nt][0] = acc[h][nt][1] = acc[h][nt][2] = acc[h][nt][3] = 0.f;
+    }
+    // k step k0 is step kin of segment seg; both advance one step at a time.
+    int seg = k0 / ksteps, kin = k0 - seg * ksteps;
+    auto step = [&](float (&d)[NT][4]) {
+      // A (16 x kStep, row-major): rows g and g + 8, words t and t + 4.
+      const uint32_t* ap = a32 + (seg * seg_rows + mt * 16 + g) * row_w + kin * kWords + t;
+      uint32_t af[4] = {ap[0], ap[8 * row_w], ap[4], ap[8 * row_w + 4]};
+      // B (kStep x 8, column n = batch row n): words t and t + 4 of row g.
+      const uint32_t* bp = b32 + seg * row_w + g * b_w + kin * kWords + t;
+      uint32_t bf[NT][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        bf[nt][0] = bp[nt * 8 * b_w];
+        bf[nt][1] = bp[nt * 8 * b_w + 4];
+      }
+      if constexpr (kTf32) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) af[i] = to_tf32(af[i]);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) bf[nt][0] = to_tf32(bf[nt][0]), bf[nt][1] = to_tf32(bf[nt][1]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mma_tile<scalar_t>(d[nt], af, bf[nt]);
+      if (++kin == ksteps) kin = 0, ++seg;
+    };
+    int k = k0;
+    for (; k + 1 < k1; k += 2) {
+      step(acc[0]);
+      step(acc[1]);
+    }
+    if (k < k1) step(acc[0]);
+    // D fragment: rows g and g + 8, columns 2t and 2t + 1 of each B tile.
+    float* out = tile + (slice * mtiles * 16 + mt * 16 + g) * ld + 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      out[nt * 8] = acc[0][nt][0] + acc[1][nt][0];
+      out[nt * 8 + 1] = acc[0][nt][1] + acc[1][nt][1];
+      out[8 * ld + nt * 8] = acc[0][nt][2] + acc[1][nt][2];
+      out[8 * ld + nt * 8 + 1] = acc[0][nt][3] + acc[1][nt][3];
+    }
+  }
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ void mma_dot(const scalar_t* a, const scalar_t* b, int segments, int seg_rows,
+                                        int b_stride, int row, int state, int mtiles, int ntiles, int ksplit,
+                                        float* tile) {
+  switch (ntiles) {
+    case 1:
+      mma_dot_tiles<scalar_t, 1>(a, b, segments, seg_rows, b_stride, row, state, mtiles, ksplit, tile);
+      break;
+    case 2:
+      mma_dot_tiles<scalar_t, 2>(a, b, segments, seg_rows, b_stride, row, state, mtiles, ksplit, tile);
+      break;
+    case 4:
+      mma_dot_tiles<scalar_t, 4>(a, b, segments, seg_rows, b_stride, row, state, mtiles, ksplit, tile);
+      break;
+    default:
+      mma_dot_tiles<scalar_t, 8>(a, b, segments, seg_rows, b_stride, row, state, mtiles, ksplit, tile);
+      break;
+  }
+}
+
+// D[m][n] of mma_dot: its k slices added in order.
+__device__ __forceinline__ float tile_sum(const float* tile, int m, int n, int mtiles, int ntiles,
+                                          int ksplit) {
+  const int ld = ntiles * 8 + 1, slice = mtiles * 16 * ld;
+  float v = 0.f;
+  for (int s = 0; s < ksplit; ++s) v += tile[s * slice + m * ld + n];
+  return v;
+}
+
 // ------------------------------------------------------------ the kernels
 
 // The lanes of the KS-lane group this lane belongs to (KS divides 32).
@@ -289,16 +438,23 @@ __device__ __forceinline__ Group my_group(const Slice& s, int KS, int rows_padde
   return g;
 }
 
-template <typename scalar_t, int NB, template <typename> class Exchange>
+// The byte offset in a CTA's shared memory of the MMA dot's tile of partial
+// sums: past W_h's slice and the exchanged rows, 16-byte aligned.
+__device__ __forceinline__ int mma_tile_offset(int elems, int elem_bytes) {
+  return (elems * elem_bytes + 15) / 16 * 16;
+}
+
+template <typename scalar_t, int NB, bool kMma, template <typename> class Exchange>
 __global__ void __launch_bounds__(kMaxThreads)
     seq_forward_persistent_kernel(const ForwardParams<scalar_t> p) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int V = 16 / sizeof(scalar_t);  // elements per 16-byte chunk
   constexpr bool kCluster = std::is_same_v<Exchange<scalar_t>, ClusterExchange<scalar_t>>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  // No clusters in this build's code for the device: the host never
-  // launches this (seq_persistent's arch check); if it did, fail loudly.
-  if constexpr (kCluster) {
+  // No clusters (or MMA, below sm_80) in this build's code for the device:
+  // the host never launches this (seq_persistent's arch check); if it did,
+  // fail loudly.
+  if constexpr (kCluster || (kMma && __CUDA_ARCH__ < 800)) {
     __trap();
     return;
   }
@@ -309,15 +465,17 @@ __global__ void __launch_bounds__(kMaxThreads)
   constexpr int kParities = kCluster ? 2 : 1;
 
   extern __shared__ __align__(16) unsigned char smem[];
-  scalar_t* w_s = reinterpret_cast<scalar_t*>(smem);  // [3][J][row]
-  scalar_t* h_s = w_s + 3 * J * row;                  // [parities][Bp][row]
+  scalar_t* w_s = reinterpret_cast<scalar_t*>(smem);  // [3][J][row], then zero rows up to w_rows
+  scalar_t* h_s = w_s + p.w_rows * row;               // [parities][Bp][row]
+  [[maybe_unused]] float* tile =
+      reinterpret_cast<float*>(smem + mma_tile_offset((p.w_rows + kParities * Bp) * row, sizeof(scalar_t)));
 
   // W_h's rows of this CTA's units and h0 of its batch rows; zero padding
   // past S and past the last row, so the dot products need no bounds.
-  for (int e = threadIdx.x; e < 3 * J * row; e += blockDim.x) {
+  for (int e = threadIdx.x; e < p.w_rows * row; e += blockDim.x) {
     const int k = e % row, r = e / row;
     const int g = r / J, jj = r - g * J;
-    w_s[e] = (jj < s.jn && k < S) ? p.w[(int64_t(g) * S + s.j0 + jj) * p.w_ld + k] : scalar_t(0);
+    w_s[e] = (g < 3 && jj < s.jn && k < S) ? p.w[(int64_t(g) * S + s.j0 + jj) * p.w_ld + k] : scalar_t(0);
   }
   for (int e = threadIdx.x; e < kParities * Bp * row; e += blockDim.x) {
     const int k = e % row, r = e / row;
@@ -325,7 +483,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
   const Exchange<scalar_t> ex = Exchange<scalar_t>::make(p, s, h_s, 1);
 
-  const Group grp = my_group<NB>(s, p.ks, Bp);
+  // Thread groups cover the chunk's rows in NB-row steps (Bp may pad further, for the MMA tiles).
+  const Group grp = my_group<NB>(s, p.ks, (p.rows + NB - 1) / NB * NB);
   const int j = grp.j;
   const int chunks = (S + V - 1) / V;
   // Per row of the group: in range, its length, its carried c.
@@ -364,28 +523,42 @@ __global__ void __launch_bounds__(kMaxThreads)
     const scalar_t* h_cur = ex.view(t & 1);
     const int next = (t + 1) & 1;
     const bool last = t + 1 == p.steps;
+    if constexpr (kMma) {  // every warp: the CTA's 3 J x Bp products
+      mma_dot<scalar_t>(w_s, h_cur, 1, 0, row, row, S, p.mtiles, Bp / 8, p.ksplit, tile);
+      __syncthreads();
+    }
     if (grp.working) {
       acc_t acc[3 * NB];
+      if constexpr (kMma) {
 #pragma unroll
-      for (int i = 0; i < 3 * NB; ++i) acc[i] = acc_t(0);
-      const scalar_t* w0 = w_s + grp.jj * row;
-      const scalar_t* hb = h_cur + grp.r0 * row;
-      for (int k = grp.ks; k < chunks; k += grp.KS) {
-        acc_t wv[3][V];
+        for (int i = 0; i < 3; ++i) {
 #pragma unroll
-        for (int i = 0; i < 3; ++i) load_pack<acc_t, scalar_t, V>(w0 + i * J * row + k * V, wv[i]);
-#pragma unroll
-        for (int n = 0; n < NB; ++n) {
-          acc_t hv[V];
-          load_pack<acc_t, scalar_t, V>(hb + n * row + k * V, hv);
-#pragma unroll
-          for (int v = 0; v < V; ++v) {
-#pragma unroll
-            for (int i = 0; i < 3; ++i) acc[i * NB + n] += wv[i][v] * hv[v];
+          for (int n = 0; n < NB; ++n) {
+            acc[i * NB + n] = tile_sum(tile, i * J + grp.jj, grp.r0 + n, p.mtiles, Bp / 8, p.ksplit);
           }
         }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 3 * NB; ++i) acc[i] = acc_t(0);
+        const scalar_t* w0 = w_s + grp.jj * row;
+        const scalar_t* hb = h_cur + grp.r0 * row;
+        for (int k = grp.ks; k < chunks; k += grp.KS) {
+          acc_t wv[3][V];
+#pragma unroll
+          for (int i = 0; i < 3; ++i) load_pack<acc_t, scalar_t, V>(w0 + i * J * row + k * V, wv[i]);
+#pragma unroll
+          for (int n = 0; n < NB; ++n) {
+            acc_t hv[V];
+            load_pack<acc_t, scalar_t, V>(hb + n * row + k * V, hv);
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+#pragma unroll
+              for (int i = 0; i < 3; ++i) acc[i * NB + n] += wv[i][v] * hv[v];
+            }
+          }
+        }
+        group_sum(acc, grp.KS, grp.mask);
       }
-      group_sum(acc, grp.KS, grp.mask);
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
         if (!valid[n]) continue;
@@ -431,14 +604,14 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-template <typename scalar_t, int NB, template <typename> class Exchange>
+template <typename scalar_t, int NB, bool kMma, template <typename> class Exchange>
 __global__ void __launch_bounds__(kMaxThreads)
     seq_backward_persistent_kernel(const BackwardParams<scalar_t> p) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int V = 16 / sizeof(scalar_t);
   constexpr bool kCluster = std::is_same_v<Exchange<scalar_t>, ClusterExchange<scalar_t>>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  if constexpr (kCluster) {  // see the forward kernel
+  if constexpr (kCluster || (kMma && __CUDA_ARCH__ < 800)) {  // see the forward kernel
     __trap();
     return;
   }
@@ -449,8 +622,10 @@ __global__ void __launch_bounds__(kMaxThreads)
   constexpr int kParities = kCluster ? 2 : 1;
 
   extern __shared__ __align__(16) unsigned char smem[];
-  scalar_t* wt_s = reinterpret_cast<scalar_t*>(smem);  // [3][J][row]
-  scalar_t* x_s = wt_s + 3 * J * row;                  // [parities][Bp][3][row]
+  scalar_t* wt_s = reinterpret_cast<scalar_t*>(smem);  // [3][J][row], then zero rows up to w_rows
+  scalar_t* x_s = wt_s + p.w_rows * row;               // [parities][Bp][3][row]
+  [[maybe_unused]] float* tile = reinterpret_cast<float*>(
+      smem + mma_tile_offset((p.w_rows + kParities * Bp * 3) * row, sizeof(scalar_t)));
 
   // wt_s[g][jj][k] = W_h[g S + k][j0 + jj]: this CTA's columns of W_h as
   // rows (read with jj fastest, so consecutive threads read consecutive
@@ -461,10 +636,12 @@ __global__ void __launch_bounds__(kMaxThreads)
     wt_s[(g * J + jj) * row + k] =
         (jj < s.jn && k < S) ? p.w[(int64_t(g) * S + k) * p.w_ld + s.j0 + jj] : scalar_t(0);
   }
+  for (int e = 3 * J * row + threadIdx.x; e < p.w_rows * row; e += blockDim.x) wt_s[e] = scalar_t(0);
   for (int e = threadIdx.x; e < kParities * Bp * 3 * row; e += blockDim.x) x_s[e] = scalar_t(0);
   const Exchange<scalar_t> ex = Exchange<scalar_t>::make(p, s, x_s, 3);
 
-  const Group grp = my_group<NB>(s, p.ks, Bp);
+  // Thread groups cover the chunk's rows in NB-row steps (Bp may pad further, for the MMA tiles).
+  const Group grp = my_group<NB>(s, p.ks, (p.rows + NB - 1) / NB * NB);
   const int j = grp.j;
   const int chunks = (S + V - 1) / V;
   bool valid[NB];
@@ -539,28 +716,37 @@ __global__ void __launch_bounds__(kMaxThreads)
     if (t == 0 && p.grad_h0 == nullptr) break;
 
     // d h_{t-1}[b, j] += sum_g sum_k d_pre_t[b, g S + k] W_h[g S + k, j]
+    const scalar_t* x_cur = ex.view(parity);
+    if constexpr (kMma) {  // every warp: the CTA's J x Bp products over three k segments
+      mma_dot<scalar_t>(wt_s, x_cur, 3, J, 3 * row, row, S, p.mtiles, Bp / 8, p.ksplit, tile);
+      __syncthreads();
+    }
     if (grp.working) {
-      const scalar_t* x_cur = ex.view(parity);
       acc_t acc[NB];
+      if constexpr (kMma) {
 #pragma unroll
-      for (int n = 0; n < NB; ++n) acc[n] = acc_t(0);
+        for (int n = 0; n < NB; ++n) acc[n] = tile_sum(tile, grp.jj, grp.r0 + n, p.mtiles, Bp / 8, p.ksplit);
+      } else {
 #pragma unroll
-      for (int i = 0; i < 3; ++i) {
-        const scalar_t* wrow = wt_s + (i * J + grp.jj) * row;
-        const scalar_t* xb = x_cur + (grp.r0 * 3 + i) * row;
-        for (int k = grp.ks; k < chunks; k += grp.KS) {
-          acc_t wv[V];
-          load_pack<acc_t, scalar_t, V>(wrow + k * V, wv);
+        for (int n = 0; n < NB; ++n) acc[n] = acc_t(0);
 #pragma unroll
-          for (int n = 0; n < NB; ++n) {
-            acc_t xv[V];
-            load_pack<acc_t, scalar_t, V>(xb + n * 3 * row + k * V, xv);
+        for (int i = 0; i < 3; ++i) {
+          const scalar_t* wrow = wt_s + (i * J + grp.jj) * row;
+          const scalar_t* xb = x_cur + (grp.r0 * 3 + i) * row;
+          for (int k = grp.ks; k < chunks; k += grp.KS) {
+            acc_t wv[V];
+            load_pack<acc_t, scalar_t, V>(wrow + k * V, wv);
 #pragma unroll
-            for (int v = 0; v < V; ++v) acc[n] += wv[v] * xv[v];
+            for (int n = 0; n < NB; ++n) {
+              acc_t xv[V];
+              load_pack<acc_t, scalar_t, V>(xb + n * 3 * row + k * V, xv);
+#pragma unroll
+              for (int v = 0; v < V; ++v) acc[n] += wv[v] * xv[v];
+            }
           }
         }
+        group_sum(acc, grp.KS, grp.mask);
       }
-      group_sum(acc, grp.KS, grp.mask);
 #pragma unroll
       for (int n = 0; n < NB; ++n) dh[n] += acc[n];
     }
@@ -580,30 +766,39 @@ __global__ void __launch_bounds__(kMaxThreads)
 template <typename Params>
 using Kernel = void (*)(Params);
 
-template <typename scalar_t, bool kBackward, int NB, template <typename> class Exchange>
+template <typename scalar_t, bool kBackward, int NB, bool kMma, template <typename> class Exchange>
 constexpr auto kernel_instance() {
   if constexpr (kBackward) {
-    return &seq_backward_persistent_kernel<scalar_t, NB, Exchange>;
+    return &seq_backward_persistent_kernel<scalar_t, NB, kMma, Exchange>;
   } else {
-    return &seq_forward_persistent_kernel<scalar_t, NB, Exchange>;
+    return &seq_forward_persistent_kernel<scalar_t, NB, kMma, Exchange>;
   }
 }
 
-// The instantiation for a path and NB batch rows per thread group.
-template <typename scalar_t, bool kBackward>
-auto kernel_for(SeqPath path, int per_thread) {
+template <typename scalar_t, bool kBackward, bool kMma>
+auto kernel_for_dot(SeqPath path, int per_thread) {
   const bool cluster = path == SeqPath::kCluster;
   switch (per_thread) {
     case 4:
-      return cluster ? kernel_instance<scalar_t, kBackward, 4, ClusterExchange>()
-                     : kernel_instance<scalar_t, kBackward, 4, GridExchange>();
+      return cluster ? kernel_instance<scalar_t, kBackward, 4, kMma, ClusterExchange>()
+                     : kernel_instance<scalar_t, kBackward, 4, kMma, GridExchange>();
     case 2:
-      return cluster ? kernel_instance<scalar_t, kBackward, 2, ClusterExchange>()
-                     : kernel_instance<scalar_t, kBackward, 2, GridExchange>();
+      return cluster ? kernel_instance<scalar_t, kBackward, 2, kMma, ClusterExchange>()
+                     : kernel_instance<scalar_t, kBackward, 2, kMma, GridExchange>();
     default:
-      return cluster ? kernel_instance<scalar_t, kBackward, 1, ClusterExchange>()
-                     : kernel_instance<scalar_t, kBackward, 1, GridExchange>();
+      return cluster ? kernel_instance<scalar_t, kBackward, 1, kMma, ClusterExchange>()
+                     : kernel_instance<scalar_t, kBackward, 1, kMma, GridExchange>();
   }
+}
+
+// The instantiation for a path, NB batch rows per thread group and the dot
+// (double has no MMA kernels).
+template <typename scalar_t, bool kBackward>
+auto kernel_for(SeqPath path, int per_thread, bool mma) {
+  if constexpr (!std::is_same_v<scalar_t, double>) {
+    if (mma) return kernel_for_dot<scalar_t, kBackward, true>(path, per_thread);
+  }
+  return kernel_for_dot<scalar_t, kBackward, false>(path, per_thread);
 }
 
 // The virtual architecture the running device's code of `kernel` was
@@ -705,11 +900,12 @@ DeviceLimits device_limits(int device) {
   } else {
     (void)cudaGetLastError();
   }
-  auto arch = [&](SeqPath path) {
-    return code_arch(reinterpret_cast<const void*>(kernel_for<scalar_t, kBackward>(path, 1)), device);
+  auto arch = [&](SeqPath path, bool mma) {
+    return code_arch(reinterpret_cast<const void*>(kernel_for<scalar_t, kBackward>(path, 1, mma)), device);
   };
-  d.cluster_kernels = prop->major >= 9 && arch(SeqPath::kCluster) >= 90;
-  d.grid_kernels = prop->cooperativeLaunch != 0 && arch(SeqPath::kGrid) > 0;
+  d.cluster_kernels = prop->major >= 9 && arch(SeqPath::kCluster, false) >= 90;
+  d.grid_kernels = prop->cooperativeLaunch != 0 && arch(SeqPath::kGrid, false) > 0;
+  d.mma_kernels = !std::is_same_v<scalar_t, double> && prop->major >= 8 && arch(SeqPath::kGrid, true) >= 80;
   return d;
 }
 
@@ -721,7 +917,7 @@ const Decision& decide(const Problem& problem, int device) {
   static std::mutex mutex;
   static std::map<Key, Decision> cache;
   std::string env;
-  for (const char* name : {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP"}) {
+  for (const char* name : {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP", "LLTM_SEQ_DOT"}) {
     const char* v = std::getenv(name);
     env += std::string(v == nullptr ? "" : v) + ";";
   }
@@ -733,8 +929,8 @@ const Decision& decide(const Problem& problem, int device) {
   }
   const DeviceLimits limits = device_limits<scalar_t, kBackward>(device);
   const ResidentChunks resident = [&](SeqPath path, const Split& split) {
-    return resident_chunks(kernel_for<scalar_t, kBackward>(path, split.per_thread), path, split, device,
-                           limits.smem_per_block, limits.sms);
+    return resident_chunks(kernel_for<scalar_t, kBackward>(path, split.per_thread, split.mma), path, split,
+                           device, limits.smem_per_block, limits.sms);
   };
   Decision decision = plan_time_loop(problem, limits, resident);
   const std::lock_guard<std::mutex> lock(mutex);
@@ -772,6 +968,9 @@ bool launch(const Params& base, const at::Tensor& like) {
   params.rows_padded = split.rows_padded;
   params.ks = split.ks;
   params.row = split.row;
+  params.mtiles = split.mtiles;
+  params.ksplit = split.ksplit;
+  params.w_rows = split.w_rows;
   at::Tensor exchange, arrivals;
   if (plan.path == SeqPath::kGrid) {
     // Zeroed: padding past S is read as 0, and the counters start at 0.
@@ -781,7 +980,7 @@ bool launch(const Params& base, const at::Tensor& like) {
     params.exchange = exchange.mutable_data_ptr<scalar_t>();
     params.arrivals = reinterpret_cast<unsigned*>(arrivals.mutable_data_ptr<int>());
   }
-  const Kernel<Params> kernel = kernel_for<scalar_t, kBackward>(plan.path, split.per_thread);
+  const Kernel<Params> kernel = kernel_for<scalar_t, kBackward>(plan.path, split.per_thread, split.mma);
   // One launch per wave of chunks, in turn on the stream (chunks are
   // independent; every CTA of a launch is resident at once).
   for (int64_t chunk0 = 0; chunk0 < split.chunks; chunk0 += split.per_wave) {

@@ -45,9 +45,10 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 struct Allowed {
   bool cluster = true, grid = true, loop = true;
-  bool forced = false;   // exactly one path named: it must run
-  int cluster_size = 0;  // LLTM_SEQ_CLUSTER, 0: the planner's choice
-  int grid_group = 0;    // LLTM_SEQ_GROUP, 0: the planner's choice
+  bool fma = true, mma = true;  // LLTM_SEQ_DOT: the persistent kernels' dot
+  bool forced = false;          // exactly one path named: it must run
+  int cluster_size = 0;         // LLTM_SEQ_CLUSTER, 0: the planner's choice
+  int grid_group = 0;           // LLTM_SEQ_GROUP, 0: the planner's choice
 };
 
 int read_size(const char* name, int lo, int hi) {
@@ -64,6 +65,15 @@ Allowed read_environment() {
   Allowed a;
   a.cluster_size = read_size("LLTM_SEQ_CLUSTER", 1, 16);
   a.grid_group = read_size("LLTM_SEQ_GROUP", 1, 1 << 16);
+  const char* dot = std::getenv("LLTM_SEQ_DOT");
+  if (dot != nullptr && *dot != '\0') {
+    const std::string d(dot);
+    TORCH_CHECK(d == "fma" || d == "mma", "LLTM_SEQ_DOT=", dot,
+                " is not a dot of the persistent kernels: use fma (CUDA cores) or mma (tensor cores), "
+                "or leave it unset");
+    a.fma = d == "fma";
+    a.mma = d == "mma";
+  }
   const char* text = std::getenv("LLTM_SEQ_PATH");
   if (text == nullptr || *text == '\0') return a;
   a.cluster = a.grid = a.loop = false;
@@ -92,42 +102,77 @@ Allowed read_environment() {
 
 // ------------------------------------------------------------------ split
 
-// The split with `group` CTAs per chunk and `rows` batch rows per chunk, or
-// nothing where one CTA's threads or shared memory cannot hold it.
-std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_t rows, size_t smem_limit) {
+// The split with `group` CTAs per chunk, `rows` batch rows per chunk and
+// the FMA or MMA dot, or nothing where one CTA's threads or shared memory
+// cannot hold it.
+std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_t rows, size_t smem_limit,
+                               bool mma) {
   const int V = 16 / p.elem;  // elements per 16-byte chunk
   const int64_t units = ceil_div(p.state, group);
   Split s;
   s.group = static_cast<int>(ceil_div(p.state, units));  // no idle CTA
   s.units = static_cast<int>(units);
   const int64_t k_chunks = ceil_div(p.state, V);
-  const int nb = rows >= 4 ? 4 : (rows >= 2 ? 2 : 1);
-  const int64_t padded = ceil_div(rows, nb) * nb;
-  const int64_t pairs = units * (padded / nb);
+  int nb = rows >= 4 ? 4 : (rows >= 2 ? 2 : 1);
+  int64_t padded = ceil_div(rows, nb) * nb;
+  if (mma) {
+    // The MMA needs no lanes for k: as few rows per thread as the threads
+    // allow (a thread's rows run the cell math one after the other). B (the
+    // exchanged rows) comes in 1, 2, 4 or 8 tiles of 8 batch rows: pad to them.
+    nb = 1;
+    while (nb < 4 && units * ceil_div(rows, nb) > kMaxThreads) nb *= 2;
+    padded = 8;
+    while (padded < rows) padded *= 2;
+    if (padded > kMaxMmaRows) return std::nullopt;
+  }
+  const int64_t pairs = units * ceil_div(rows, nb);
   // One (unit, rows) pair per thread group: its state lives in registers.
   if (pairs > kMaxThreads) return std::nullopt;
   int ks = 32;
   while (ks > 1 && (pairs * ks > kMaxThreads || ks > k_chunks)) ks /= 2;
-  // Rows a multiple of 8 chunks apart put the KS lanes of 8 / KS groups on
-  // one bank set: offset the stride by KS chunks (mod 8) instead.
-  int64_t row_chunks = k_chunks;
-  if (ks < 8) {
-    while (row_chunks % 8 != ks) ++row_chunks;
+  int64_t row;
+  if (mma) {
+    // k padded to the MMA's k step; a row stride of 4 words mod 8 puts the 8
+    // rows x 4 words of a fragment load on 32 different banks.
+    const int64_t kstep = p.elem == 2 ? 16 : 8;
+    row = ceil_div(p.state, kstep) * kstep + kstep / 2;
+  } else {
+    // Rows a multiple of 8 chunks apart put the KS lanes of 8 / KS groups on
+    // one bank set: offset the stride by KS chunks (mod 8) instead.
+    int64_t row_chunks = k_chunks;
+    if (ks < 8) {
+      while (row_chunks % 8 != ks) ++row_chunks;
+    }
+    row = row_chunks * V;
   }
-  const int64_t row = row_chunks * V;
   // Exchanged rows: h_t (one per batch row) forward, d_pre_t (three) backward;
   // clusters keep both parities on chip, the grid path reloads one.
   const int64_t exchanged = (p.backward ? 3 : 1) * padded * row * (path == SeqPath::kCluster ? 2 : 1);
-  const int64_t smem = (3 * units * row + exchanged) * p.elem;
+  const int threads = mma ? kMaxThreads
+                          : static_cast<int>(std::min<int64_t>(
+                                kMaxThreads, std::max<int64_t>(32, ceil_div(pairs * ks, 32) * 32)));
+  int64_t w_rows = 3 * units;
+  int64_t scratch = 0;  // MMA: the float tile of partial sums, [ksplit][mtiles 16][padded + 1]
+  if (mma) {
+    // A: forward the 3 J rows of W_h, backward J rows (columns of W_h) in
+    // three k segments J rows apart; the last tile may read past them.
+    s.mtiles = static_cast<int>(ceil_div(p.backward ? units : 3 * units, 16));
+    const int64_t ksteps = (p.backward ? 3 : 1) * ceil_div(p.state, p.elem == 2 ? 16 : 8);
+    s.ksplit = static_cast<int>(std::clamp<int64_t>(threads / 32 / s.mtiles, 1, ksteps));
+    s.mma = mma;
+    w_rows = std::max<int64_t>(w_rows, (p.backward ? 2 * units : 0) + 16 * s.mtiles);
+    scratch = int64_t(s.ksplit) * 16 * s.mtiles * (padded + 1) * 4;
+  }
+  const int64_t smem = ceil_div((w_rows * row + exchanged) * p.elem, 16) * 16 + scratch;
   if (smem > static_cast<int64_t>(smem_limit)) return std::nullopt;
   s.rows = static_cast<int>(rows);
   s.rows_padded = static_cast<int>(padded);
   s.chunks = static_cast<int>(ceil_div(p.batch, rows));
   s.per_thread = nb;
   s.ks = ks;
-  s.threads =
-      static_cast<int>(std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, ceil_div(pairs * ks, 32) * 32)));
+  s.threads = threads;
   s.row = static_cast<int>(row);
+  s.w_rows = static_cast<int>(w_rows);
   s.smem = static_cast<size_t>(smem);
   return s;
 }
@@ -136,15 +181,15 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
 // the SMs suggest (or fewer rows per chunk, where those do not fit), to as
 // many rows per chunk as one wave needs (more rows need more shared memory),
 // each with its waves.
-std::vector<Split> splits(const Problem& p, SeqPath path, int group, const DeviceLimits& d,
+std::vector<Split> splits(const Problem& p, SeqPath path, int group, bool mma, const DeviceLimits& d,
                           const ResidentChunks& resident, std::string& why) {
   std::vector<Split> out;
   int64_t rows = ceil_div(p.batch, std::max<int64_t>(1, d.sms / std::max(1, group)));
   // Fewer rows per chunk (in more waves) where the guess does not fit.
-  while (rows > 1 && !split_for(p, path, group, rows, d.smem_per_block)) rows = ceil_div(rows, 2);
+  while (rows > 1 && !split_for(p, path, group, rows, d.smem_per_block, mma)) rows = ceil_div(rows, 2);
   why = "W_h's slice and the exchanged rows do not fit in one CTA";
   for (int attempt = 0; attempt < 8; ++attempt) {
-    std::optional<Split> s = split_for(p, path, group, rows, d.smem_per_block);
+    std::optional<Split> s = split_for(p, path, group, rows, d.smem_per_block, mma);
     if (!s) break;
     const int fit = resident(path, *s);
     if (fit <= 0) {
@@ -156,7 +201,8 @@ std::vector<Split> splits(const Problem& p, SeqPath path, int group, const Devic
     out.push_back(*s);
     // Fewer waves with more rows per chunk, if the runtime's answer for
     // the launch shape (GPC sizes, shared memory) allows.
-    const int64_t wider = ceil_div(p.batch, fit);
+    int64_t wider = ceil_div(p.batch, fit);
+    if (mma) wider = std::min<int64_t>(wider, kMaxMmaRows);
     if (s->waves == 1 || wider <= rows) break;
     rows = wider;
   }
@@ -188,9 +234,39 @@ struct Model {
   double loop_bytes_per_us = 0.93e6;      // the pointwise kernel's traffic
   double loop_half_factor = 0.8;          // bf16 / fp16 steps against the model
   int loop_gemm_tile_rows = 64;           // GEMM tiles pad the batch to this many rows
+  // The MMA dot, fitted to the forced cluster / grid MMA and FMA times of
+  // the bf16 and TF32 sweeps (docs/benchmarks.md): the constants that pick
+  // the faster dot most often over those 64 (point, path, direction) pairs.
+  double mma_chain = 60;          // a k step's fragment loads and MMA, on the same accumulators
+  double mma_pipe = 4;            // a tensor core busy per m16n8k8 TF32 / m16n8k16 half MMA
+  double mma_step_offset = -250;  // the tile's round trip, less what the fixed terms above
+                                  // hold for the FMA splits' rows
+  double cell_row_cycles = 750;   // one more batch row per thread: its cell math, exchange, stores
 };
 
 const Model kModel;
+
+// Cycles of one step's recurrent products with the MMA dot: per k step a
+// warp loads an A fragment (4 words a lane; float also rounds them to
+// TF32) and per B tile 2 words, then one MMA per B tile; two chains of k
+// steps are in flight per task. The bound is the slowest of the warps'
+// chains, the tensor cores (4 per SM) and the shared-memory port (one
+// 128-byte warp load a cycle); then the tile's round trip through shared
+// memory (see Model::mma_step_offset).
+double mma_dot_cycles(const Problem& p, const Split& s) {
+  const double ksteps = (p.backward ? 3.0 : 1.0) * std::ceil(double(p.state) / (p.elem == 2 ? 16 : 8));
+  const double nt = s.rows_padded / 8.0;
+  const double warps = s.threads / 32.0;
+  const double tasks = std::ceil(s.mtiles * s.ksplit / warps);  // (tile, k slice) tasks per warp
+  const double per_task = std::ceil(ksteps / s.ksplit);
+  const double loads = 4 + 2 * nt;
+  const double round = p.elem == 4 ? loads : 0;  // cvt.rna.tf32 per word
+  const double issue = kModel.issue_factor * (loads + round + nt);
+  const double chains = tasks * per_task * std::max(kModel.mma_chain / 2, issue);
+  const double tensor = s.mtiles * ksteps * nt * kModel.mma_pipe / 4;
+  const double smem = s.mtiles * ksteps * loads;
+  return std::max({chains, tensor, smem}) + kModel.mma_step_offset;
+}
 
 double persistent_step_cycles(const Problem& p, SeqPath path, const Split& s) {
   const int V = 16 / p.elem;
@@ -206,6 +282,11 @@ double persistent_step_cycles(const Problem& p, SeqPath path, const Split& s) {
   const double issue = kModel.issue_factor * instr * warps_per_scheduler;
   const double smem = s.threads * loads * 16.0 / 128.0;
   const double reduce = std::log2(double(s.ks)) * (p.backward ? nb : 3 * nb) * 8.0;
+  // The FMA constants were fitted over splits whose rows per thread followed
+  // the batch; the MMA splits take as few as the threads allow, and pay for
+  // each further row's cell math, run one after the other.
+  const double dot =
+      s.mma ? mma_dot_cycles(p, s) + (nb - 1) * kModel.cell_row_cycles : std::max(issue, smem) + reduce;
   double exchange;
   if (path == SeqPath::kCluster) {
     exchange = kModel.cluster_fixed + kModel.cluster_per_cta * s.group;
@@ -213,7 +294,7 @@ double persistent_step_cycles(const Problem& p, SeqPath path, const Split& s) {
     const double bytes = (p.backward ? 3.0 : 1.0) * s.rows_padded * s.row * p.elem;
     exchange = kModel.grid_fixed + bytes / kModel.grid_l2_bytes_per_cycle;
   }
-  return (std::max(issue, smem) + reduce + exchange) * (p.backward ? kModel.backward_factor : 1.0);
+  return (dot + exchange) * (p.backward ? kModel.backward_factor : 1.0);
 }
 
 double loop_step_us(const Problem& p, const DeviceLimits& d) {
@@ -258,16 +339,27 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
   const Allowed allowed = read_environment();
   Decision out;
   // The cheapest split of `group` CTAs per chunk, or why there is none.
+  // Dots: FMA, and MMA where the dtype, device and build have it.
+  std::vector<bool> dots;
+  if (allowed.fma) dots.push_back(false);
+  if (allowed.mma && p.mma_dot() && d.mma_kernels) dots.push_back(true);
   auto add_persistent = [&](SeqPath path, int group) {
     Plan best;
     best.path = path;
     best.split.group = group;
-    for (const Split& s : splits(p, path, group, d, resident, best.why_not)) {
-      Plan plan;
-      plan.path = path;
-      plan.split = s;
-      set_cost(p, d, plan);
-      if (best.split.waves == 0 || plan.cost_us < best.cost_us) best = plan;
+    best.why_not = p.is_double ? "LLTM_SEQ_DOT=mma: no tensor-core dot for float64"
+                   : !p.mma_dot()
+                       ? "LLTM_SEQ_DOT=mma: float32 runs on tensor cores only with TF32 allowed "
+                         "(torch.backends.cuda.matmul.allow_tf32 = True)"
+                       : "LLTM_SEQ_DOT=mma: no tensor-core MMA kernels for this device or build (sm_80+)";
+    for (const bool mma : dots) {
+      for (const Split& s : splits(p, path, group, mma, d, resident, best.why_not)) {
+        Plan plan;
+        plan.path = path;
+        plan.split = s;
+        set_cost(p, d, plan);
+        if (best.split.waves == 0 || plan.cost_us < best.cost_us) best = plan;
+      }
     }
     if (best.split.waves > 0) best.why_not.clear();
     out.candidates.push_back(best);
@@ -337,7 +429,9 @@ std::string describe(const Problem& p, const Decision& decision) {
     if (c.path != SeqPath::kLoop) {
       const Split& s = c.split;
       os << " units=" << s.units << " rows=" << s.rows << " chunks=" << s.chunks << " waves=" << s.waves
-         << " nb=" << s.per_thread << " ks=" << s.ks << " threads=" << s.threads << " smem=" << s.smem;
+         << " nb=" << s.per_thread << " ks=" << s.ks << " threads=" << s.threads << " smem=" << s.smem
+         << " dot=" << (s.mma ? "mma" : "fma");
+      if (s.mma) os << " mtiles=" << s.mtiles << " ksplit=" << s.ksplit;
     }
     os << " model_us=" << c.cost_us;
   }

@@ -23,11 +23,22 @@
 // model counts waves x T steps); where W_h does not fit in the shared memory
 // of one group, only the loop remains.
 //
+// The persistent kernels compute the recurrent products one of two ways
+// (the dot of a split): FMA chains on the CUDA cores, each thread group
+// reducing its k range with shuffles (every dtype; float32 stays strict
+// fp32), or warp-level tensor-core MMA (mma.sync, sm_80+) into a small
+// shared-memory tile: bf16 / fp16 inputs, and float32 on TF32 where the
+// user allowed it (torch.backends.cuda.matmul.allow_tf32); accumulation is
+// float in every case. (Strict float32 as 3xTF32 was measured and left out:
+// slower than the FMA chain at every size tried, and 8x plain fp32's error
+// at T = 1000: docs/benchmarks.md.)
+//
 // LLTM_SEQ_PATH restricts the choice (tests, benchmarks, and the path a GPU
 // without clusters takes: "grid,loop"): a comma-separated subset of
 // cluster, grid, loop; a single name forces that path and is an error where
-// it cannot run. LLTM_SEQ_CLUSTER=N (1..16) fixes the cluster size and
-// LLTM_SEQ_GROUP=N the CTAs per grid group.
+// it cannot run. LLTM_SEQ_CLUSTER=N (1..16) fixes the cluster size,
+// LLTM_SEQ_GROUP=N the CTAs per grid group, and LLTM_SEQ_DOT=fma|mma the
+// persistent kernels' dot.
 #pragma once
 
 #include <cstddef>
@@ -40,6 +51,10 @@ namespace lltm {
 namespace cuda_detail {
 
 enum class SeqPath { kCluster, kGrid, kLoop };
+
+// Batch rows of one chunk with the MMA dot: 8 tiles of 8 rows, the
+// kernels' accumulators per warp.
+constexpr int kMaxMmaRows = 64;
 
 const char* path_name(SeqPath path);
 
@@ -60,6 +75,13 @@ struct Split {
   int threads = 0;      // per CTA
   int row = 0;          // padded length (elements) of a shared-memory row of S
   size_t smem = 0;      // dynamic shared memory per CTA, bytes
+  // The dot: FMA, or tensor-core MMA. MMA tiles: A = W_h's rows of the
+  // CTA's units (forward, 3 J rows) or its columns (backward, J rows, three
+  // k segments), 16 rows a tile; B = the exchanged rows, 8 batch rows a tile.
+  bool mma = false;
+  int mtiles = 0;  // 16-row tiles of A
+  int ksplit = 0;  // warps splitting the k range of one tile (partial sums added in order)
+  int w_rows = 0;  // rows of W_h's slice in shared memory (past 3 J: read by the last tile, unused)
 };
 
 struct Plan {
@@ -76,6 +98,9 @@ struct Problem {
   int elem = 4;  // bytes per element of the tensor dtype
   bool is_double = false;
   bool tensor_cores = false;  // cuBLAS may use tensor cores (half types, or TF32 allowed)
+  // The persistent kernels may use their tensor-core dot: half types, and
+  // float32 where TF32 is allowed.
+  bool mma_dot() const { return !is_double && (elem == 2 || tensor_cores); }
 };
 
 // What the planner needs of the device and the build.
@@ -85,6 +110,7 @@ struct DeviceLimits {
   double clock_ghz = 1.5;
   bool cluster_kernels = false;  // clusters exist and the cluster kernels have a body here
   bool grid_kernels = false;     // cooperative launch works and the grid kernels have a body here
+  bool mma_kernels = false;      // sm_80+ and the MMA kernels have a body here
 };
 
 // How many batch chunks of `split` run at once on the device (the one
