@@ -522,10 +522,11 @@ def test_outputs_fully_written(backend):
         assert _rel_err(g, r) <= 1e-5, name
 
 
-def check_graph_capture_and_replay(backend: str) -> None:
+def check_graph_capture_and_replay(backend: str, tol: float = 1e-5) -> None:
     """Forward and backward of a layer of `backend` captured in one CUDA graph
     (after warm-up on a side stream), replayed on new inputs copied into the
-    captured ones: outputs and gradients against the float64 reference."""
+    captured ones: outputs and gradients against the float64 reference
+    (relative error at most `tol`)."""
     T, B, I, S = 12, 8, 16, 32
     static = [a.detach().requires_grad_() for a in make_seq(T, B, I, S, device="cuda", dtype=torch.float32)]
     static_g = [torch.randn(T, B, S, device="cuda"), torch.randn(B, S, device="cuda")]
@@ -556,7 +557,7 @@ def check_graph_capture_and_replay(backend: str) -> None:
         r_out, (r_h, r_c) = lltm_reference(*up)
         r_grads = torch.autograd.grad((r_out, r_c), up, [g.double().cpu() for g in fresh_g])
         for o, r in zip(outs, (r_out, r_h, r_c) + r_grads):
-            assert _rel_err(o, r) <= 1e-5
+            assert _rel_err(o, r) <= tol
 
 
 @cuda_only

@@ -1,9 +1,10 @@
 """The time loops of the fused CUDA sequence operators, each forced through
 LLTM_SEQ_PATH, against the float64 reference: the persistent kernel over
 thread-block clusters (sm_90), the persistent kernel over a cooperative grid
-(what GPUs without clusters run), and the per-step loop replayed from CUDA
-graphs; the planner that picks among them; and the arch gate that keeps a
-kernel without a body for the device from running."""
+(what GPUs without clusters run), each with its recurrent products on the
+FMA units or on tensor cores (LLTM_SEQ_DOT), and the per-step loop replayed
+from CUDA graphs; the planner that picks among them; and the arch gate that
+keeps a kernel without a body for the device from running."""
 
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ from lltm.reference import lltm_reference
 
 from .test_seq import NAMES, _check, _outputs_and_grads, _rel_err, check_graph_capture_and_replay, make_seq
 
+# "cluster" and "grid" run their FMA dot (every dtype); "-mma" their
+# tensor-core dot (half types, and float32 as TF32: _use_path allows TF32).
 PATHS = ["cluster", "grid", "loop"]
+MMA_PATHS = ["cluster-mma", "grid-mma"]
+# The relative error allowed float32 on TF32 (10 mantissa bits: ~1e-3).
+TF32_TOL = 5e-3
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and lltm._backends.is_available("fused", "cuda", "seq")),
@@ -36,11 +42,21 @@ def _cluster_kernels_here():
 
 
 def _use_path(monkeypatch, path):
-    """Forces the fused CUDA time loop `path` (skips "cluster" where there
-    are no cluster kernels: checked by test_cluster_kernels_present_or_refused)."""
-    if path == "cluster" and not _cluster_kernels_here():
+    """Forces the fused CUDA time loop `path` and its dot, and returns the
+    float32 tolerance of its results: "-mma" allows TF32 (skips "cluster"
+    where there are no cluster kernels: checked by
+    test_cluster_kernels_present_or_refused; "-mma" before sm_80)."""
+    name, _, dot = path.partition("-")
+    if name == "cluster" and not _cluster_kernels_here():
         pytest.skip("no thread-block cluster kernels on this device or build")
-    monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    if dot == "mma" and torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("no tensor-core MMA before sm_80")
+    monkeypatch.setenv("LLTM_SEQ_PATH", name)
+    monkeypatch.setenv("LLTM_SEQ_DOT", dot or "fma")
+    if dot == "mma":
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+        return TF32_TOL
+    return 1e-5
 
 
 # (T, B, I, S): units and batch rows that divide into no cluster, group or
@@ -59,8 +75,12 @@ SHAPES = [
 ]
 
 
+def _shape_id(shape):
+    return "x".join(map(str, shape))
+
+
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("variant", ["bias", "nobias", "lengths"])
 def test_paths_match_reference(monkeypatch, path, shape, variant):
     """Outputs and every gradient of each time loop against the float64
@@ -73,6 +93,49 @@ def test_paths_match_reference(monkeypatch, path, shape, variant):
         gen = torch.Generator().manual_seed(B)
         lengths = torch.randint(0, T + 1, (B,), generator=gen).cuda()
     _check("fused", args, lengths=lengths)
+
+
+@pytest.mark.parametrize("path", MMA_PATHS)
+@pytest.mark.parametrize("shape", [(7, 5, 3, 17), (6, 33, 8, 70), (4, 64, 16, 256)], ids=_shape_id)
+def test_mma_paths_use_tf32_when_allowed(monkeypatch, path, shape):
+    """torch.backends.cuda.matmul.allow_tf32 = True: float32 on TF32 tensor
+    cores (the plan says dot=mma), every output and gradient within
+    TF32_TOL of the float64 reference; with TF32 off the tensor-core dot
+    cannot be forced (strict float32 stays on the FMA units)."""
+    tol = _use_path(monkeypatch, path)
+    T, B, _, S = shape
+    assert all(" dot=mma " in _plan(bw, T, B, S) for bw in (False, True))
+    args = make_seq(*shape, device="cuda", dtype=torch.float32, seed=11)
+    got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args)
+    ref = _outputs_and_grads(lltm_reference, [a.detach().double().requires_grad_() for a in args])
+    for name, g, r in zip(("output", "h_n", "c_n") + NAMES, got, ref):
+        assert _rel_err(g, r) <= tol, f"{name}: TF32 error {_rel_err(g, r):.2e}"
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    with pytest.raises(RuntimeError, match="float32 runs on tensor cores only with TF32 allowed"):
+        functional.lltm(*args, backend="fused")
+
+
+@pytest.mark.parametrize("path", MMA_PATHS)
+@pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_mma_paths_half_precision_match_fma(monkeypatch, path, shape, dtype):
+    """Half types on tensor cores, every odd shape of SHAPES with lengths:
+    outputs and every gradient as close to the float64 reference as the
+    same path on the FMA units (within twice its error, plus 1e-3 where
+    both are near half precision's resolution)."""
+    T, B, _, S = shape
+    args = make_seq(*shape, device="cuda", dtype=dtype, seed=sum(shape))
+    lengths = torch.randint(0, T + 1, (B,), generator=torch.Generator().manual_seed(B)).cuda()
+    ref = _outputs_and_grads(lltm_reference, [a.detach().double().requires_grad_() for a in args], lengths)
+    errors = {}
+    for p in (path, path.split("-")[0]):
+        _use_path(monkeypatch, p)
+        assert all(f"dot={'mma' if p == path else 'fma'}" in _plan(bw, T, B, S, dtype) for bw in (False, True))
+        got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args, lengths)
+        assert all(torch.isfinite(g).all() for g in got)
+        errors[p] = [_rel_err(g, r) for g, r in zip(got, ref)]
+    for name, mma, fma in zip(("output", "h_n", "c_n") + NAMES, errors[path], errors[path.split("-")[0]]):
+        assert mma <= 2 * fma + 1e-3, f"{name}: MMA error {mma:.2e} > 2 x the FMA dot's {fma:.2e}"
 
 
 @pytest.mark.parametrize("cluster", ["1", "2", "3", "16"])
@@ -117,7 +180,7 @@ def test_paths_long_float32(monkeypatch, path):
         assert err <= 2 * err_plain + 1e-6, f"{name}: error {err:.2e} > 2 x plain PyTorch's {err_plain:.2e}"
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", PATHS + MMA_PATHS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("lengths", [None, [20, 3, 11, 0, 20, 7]], ids=["full", "lengths"])
 def test_paths_half_precision_within_twice_plain_pytorch(monkeypatch, path, dtype, lengths):
@@ -135,11 +198,11 @@ def test_paths_half_precision_within_twice_plain_pytorch(monkeypatch, path, dtyp
         assert err <= 2 * err_plain + 1e-6, f"{name}: error {err:.2e} > 2 x plain PyTorch's {err_plain:.2e}"
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", PATHS + MMA_PATHS)
 def test_paths_write_every_output(monkeypatch, path):
     """Outputs come from the caching allocator poisoned with NaN first: every
     element of every output and gradient must be written."""
-    _use_path(monkeypatch, path)
+    tol = _use_path(monkeypatch, path)
     args = make_seq(9, 5, 7, 33, device="cuda", dtype=torch.float32, seed=7)
     poison = torch.full((1 << 22,), float("nan"), device="cuda")
     del poison  # the freed block is handed out again, NaN-filled
@@ -147,15 +210,14 @@ def test_paths_write_every_output(monkeypatch, path):
     ref = _outputs_and_grads(lltm_reference, [a.detach().double().cpu().requires_grad_() for a in args])
     for name, g, r in zip(("output", "h_n", "c_n") + NAMES, got, ref):
         assert torch.isfinite(g).all(), f"{name}: unwritten elements"
-        assert _rel_err(g, r) <= 1e-5, name
+        assert _rel_err(g, r) <= tol, name
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", PATHS + MMA_PATHS)
 def test_paths_in_a_users_cuda_graph(monkeypatch, path):
     """Forward and backward of a whole layer captured in the user's CUDA
     graph (no host synchronisation inside), replayed on new inputs."""
-    _use_path(monkeypatch, path)
-    check_graph_capture_and_replay("fused")
+    check_graph_capture_and_replay("fused", tol=_use_path(monkeypatch, path))
 
 
 @pytest.mark.parametrize("graphs", ["1", "0"], ids=["replay", "no-replay"])
@@ -168,6 +230,8 @@ def test_loop_replays_its_graph(monkeypatch, graphs, lengths):
     monkeypatch.setenv("LLTM_SEQ_PATH", "loop")
     monkeypatch.setenv("LLTM_SEQ_GRAPHS", graphs)
     lens = None if lengths is None else torch.tensor(lengths, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # blocks cached by earlier tests of this process must not shift this test's buffers
     static = [a.detach() for a in make_seq(5, 4, 6, 24, device="cuda", dtype=torch.float32, seed=1)]
     before = torch.ops.lltm._fused_cuda_seq_graph_stats()
     for call in range(5):
@@ -200,8 +264,9 @@ def test_loop_replays_its_graph(monkeypatch, graphs, lengths):
 
 
 def test_bad_settings_are_clear_errors(monkeypatch):
-    """A wrong LLTM_SEQ_PATH / LLTM_SEQ_CLUSTER / LLTM_SEQ_GROUP names the
-    setting and its values."""
+    """A wrong LLTM_SEQ_PATH / LLTM_SEQ_CLUSTER / LLTM_SEQ_GROUP /
+    LLTM_SEQ_DOT names the setting and its values; the tensor-core dot
+    forced for float64 says it has none."""
     args = make_seq(2, 2, 3, 4, device="cuda", dtype=torch.float32, requires_grad=False)
     for value in ("fast", "grid,fast", ","):
         monkeypatch.setenv("LLTM_SEQ_PATH", value)
@@ -213,6 +278,13 @@ def test_bad_settings_are_clear_errors(monkeypatch):
         with pytest.raises(RuntimeError, match=f"{name}={value} must be a whole number"):
             functional.lltm(*args, backend="fused")
         monkeypatch.delenv(name)
+    monkeypatch.setenv("LLTM_SEQ_DOT", "tensor")
+    with pytest.raises(RuntimeError, match="LLTM_SEQ_DOT=tensor is not a dot"):
+        functional.lltm(*args, backend="fused")
+    monkeypatch.setenv("LLTM_SEQ_DOT", "mma")
+    monkeypatch.setenv("LLTM_SEQ_PATH", "grid")
+    with pytest.raises(RuntimeError, match="no tensor-core dot for float64"):
+        functional.lltm(*[a.double() for a in args], backend="fused")
 
 
 @pytest.mark.parametrize("path", ["cluster", "grid"])
