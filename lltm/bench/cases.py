@@ -29,7 +29,8 @@ ROWS: dict[str, str] = {
     "lstm": "nn.LSTMCell | nn.LSTM (cuDNN on GPU), same state size",
     "lstm-notf32": "nn.LSTM with torch.backends.cudnn.allow_tf32 = False (sequence mode, CUDA only)",
     "fused-tf32": "lltm.LLTM(backend='fused') with torch.backends.cuda.matmul.allow_tf32 = True: TF32 wherever "
-    "the layer runs cuBLAS (sequence mode, float32 on CUDA only); compare with lstm, as lstm-notf32 with fused",
+    "the layer runs cuBLAS or the persistent kernels' tensor-core dot (sequence mode, float32 on CUDA only); "
+    "compare with lstm, as lstm-notf32 with fused",
     "gemm": "the bare GEMMs of one cell step: addmm forward, two mm backward (cell mode only)",
 }
 ALIASES = {"lstmcell": "lstm", "notf32": "lstm-notf32", "tf32": "fused-tf32"}

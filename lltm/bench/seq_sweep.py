@@ -1,6 +1,7 @@
 """The fused CUDA sequence op's time loops over a grid of sizes: each path
 forced (LLTM_SEQ_PATH: the cluster kernel at each cluster size, the grid
-kernel, the graph-replayed step loop), the planner's own pick, and nn.LSTM
+kernel, each on the FMA units, and both on tensor cores (LLTM_SEQ_DOT=mma,
+the planner's split), the graph-replayed step loop), the planner's own pick, and nn.LSTM
 (cuDNN) with and without TF32, and the planner's pick with TF32 allowed
 (float32), side by side in one run, rounds interleaved; with, per grid
 point, the planner's choice against the fastest path and the floor of the
@@ -11,7 +12,7 @@ lltm.LLTM / nn.LSTM layer, input (T, B, I) with I = S, loss on the output)
 timed by the same Timer rounds (lltm.bench.timing.timer_round).
 
     python -m lltm.bench.seq_sweep [--batches 16,64,256,512] [--states 128,256,512,1024]
-        [--steps 100] [--dtype float32] [--paths cluster4,cluster8,cluster16,grid,loop]
+        [--steps 100] [--dtype float32] [--paths cluster4,cluster8,cluster16,cluster-mma,grid,grid-mma,loop]
         [--json FILE]
 """
 
@@ -28,15 +29,18 @@ import torch
 from lltm.bench import cases, timing
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
-# name -> (LLTM_SEQ_PATH, LLTM_SEQ_CLUSTER); "auto" is the planner's pick.
+# name -> (LLTM_SEQ_PATH, LLTM_SEQ_CLUSTER, LLTM_SEQ_DOT); "auto" is the planner's pick.
 PATHS = {
-    "cluster4": ("cluster", "4"),
-    "cluster8": ("cluster", "8"),
-    "cluster16": ("cluster", "16"),
-    "grid": ("grid", None),
-    "loop": ("loop", None),
-    "nocluster": ("grid,loop", None),  # what a GPU without clusters gets
-    "auto": (None, None),
+    "cluster4": ("cluster", "4", "fma"),
+    "cluster8": ("cluster", "8", "fma"),
+    "cluster16": ("cluster", "16", "fma"),
+    "cluster-fma": ("cluster", None, "fma"),
+    "cluster-mma": ("cluster", None, "mma"),
+    "grid": ("grid", None, "fma"),
+    "grid-mma": ("grid", None, "mma"),
+    "loop": ("loop", None, None),
+    "nocluster": ("grid,loop", None, None),  # what a GPU without clusters gets
+    "auto": (None, None, None),
 }
 # Per-step barrier latency of the persistent paths and a graph node's floor
 # for the loop (µs, H100: docs/benchmarks.md).
@@ -44,8 +48,8 @@ BARRIER_US = {"cluster": 0.9, "grid": 1.1, "loop": 2.6}
 
 
 def _set_path(name: str) -> None:
-    path, cluster = PATHS[name]
-    for var, value in (("LLTM_SEQ_PATH", path), ("LLTM_SEQ_CLUSTER", cluster)):
+    path, cluster, dot = PATHS[name]
+    for var, value in (("LLTM_SEQ_PATH", path), ("LLTM_SEQ_CLUSTER", cluster), ("LLTM_SEQ_DOT", dot)):
         if value is None:
             os.environ.pop(var, None)
         else:
@@ -67,12 +71,20 @@ def _peak_flops_per_us(dtype: torch.dtype, tensor_cores: bool) -> float:
 def floor_us(path: str, T: int, B: int, I: int, S: int, dtype: torch.dtype) -> float:
     """The least time a path could take: the layer's GEMM FLOPs (projection,
     input and weight gradients) at the tensor-core or FMA peak cuBLAS would
-    use, the recurrence's FLOPs (forward and backward) at the peak the path
-    computes them with, and one barrier (or graph node) per step each way."""
+    use, the recurrence's FLOPs (forward and backward) at the best peak the
+    path has for them (the persistent kernels' tensor-core dot: strict float32
+    as 3xTF32, a third of the TF32 rate; float64 on the FMA units), and one
+    barrier (or graph node) per step each way."""
     tf32 = torch.backends.cuda.matmul.allow_tf32
     halfs = dtype in (torch.float16, torch.bfloat16)
     gemm_rate = _peak_flops_per_us(dtype, tensor_cores=halfs or (dtype == torch.float32 and tf32))
-    recurrent_rate = gemm_rate if path == "loop" else _peak_flops_per_us(dtype, tensor_cores=False)
+    if path == "loop":
+        recurrent_rate = gemm_rate
+    elif dtype == torch.float64:
+        recurrent_rate = _peak_flops_per_us(dtype, tensor_cores=False)
+    else:
+        mma = _peak_flops_per_us(dtype, tensor_cores=True) / (1 if halfs or tf32 else 3)
+        recurrent_rate = max(mma, _peak_flops_per_us(dtype, tensor_cores=False))
     gemm_flops = 2.0 * T * B * 3 * S * (3 * I + S)
     recurrent_flops = 2 * 2.0 * T * B * 3 * S * S
     kind = "loop" if path == "loop" else ("grid" if path == "grid" else "cluster")
@@ -110,7 +122,7 @@ def sweep_point(T: int, B: int, S: int, dtype: torch.dtype, paths: list[str], ro
     # row -> (bench row, LLTM_SEQ_PATH setting); the fused rows differ only in the path they force
     rows = {name: ("fused", name) for name in paths + ["auto"]}
     rows.update({"lstm": ("lstm", "auto"), "lstm-notf32": ("lstm-notf32", "auto")})
-    if dtype == torch.float32:
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         rows["auto-tf32"] = ("fused-tf32", "auto")
     built: dict[str, cases.Case] = {}
     got: dict[str, list[tuple[float, float]]] = {}
@@ -175,9 +187,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--states", default="128,256,512,1024", help="state sizes; the input size is the same")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--paths", default="cluster4,cluster8,cluster16,grid,loop,nocluster")
+    parser.add_argument("--paths", default="cluster4,cluster8,cluster16,cluster-mma,grid,grid-mma,loop,nocluster")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--min-run-time", type=float, default=0.05)
+    parser.add_argument(
+        "--tf32",
+        action="store_true",
+        help="float32 with TF32 allowed in every fused row (torch.backends.cuda.matmul.allow_tf32)",
+    )
     parser.add_argument("--json", help="write every point (times, plans, floors) here")
     opts = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -187,7 +204,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if unknown:
         parser.error(f"unknown path {', '.join(unknown)}; choose from {', '.join(p for p in PATHS if p != 'auto')}")
     dtype = DTYPES[opts.dtype]
-    precision = "strict fp32 (TF32 off)" if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else ""
+    torch.backends.cuda.matmul.allow_tf32 = opts.tf32 or torch.backends.cuda.matmul.allow_tf32
+    precision = ""
+    if dtype == torch.float32:
+        precision = "TF32 allowed" if torch.backends.cuda.matmul.allow_tf32 else "strict fp32 (TF32 off)"
     print(
         f"fused sequence time loops, T={opts.steps}, I=S, {opts.dtype} {precision}, "
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; f+b µs (Timer medians of {opts.rounds} rounds)"
@@ -195,7 +215,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     head = ["B x S"] + paths + ["auto (fwd/bwd pick)", "auto / best", "lstm", "lstm strict", "/ lstm", "/ strict"]
     if "nocluster" in paths:
         head.append("nocluster / strict")
-    if dtype == torch.float32:
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         head += ["auto TF32", "TF32 / lstm"]
     head.append("floor µs")
     print("| " + " | ".join(head) + " |")
