@@ -102,6 +102,11 @@ Allowed read_environment() {
 
 // ------------------------------------------------------------------ split
 
+// The MMA dot's k step (m16n8k16 for half types, m16n8k8 for TF32), and the
+// k steps of one step's products (backward: three segments, one per gate).
+int64_t mma_kstep(const Problem& p) { return p.elem == 2 ? 16 : 8; }
+int64_t mma_ksteps(const Problem& p) { return (p.backward ? 3 : 1) * ceil_div(p.state, mma_kstep(p)); }
+
 // The split with `group` CTAs per chunk, `rows` batch rows per chunk and
 // the FMA or MMA dot, or nothing where one CTA's threads or shared memory
 // cannot hold it.
@@ -134,7 +139,7 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
   if (mma) {
     // k padded to the MMA's k step; a row stride of 4 words mod 8 puts the 8
     // rows x 4 words of a fragment load on 32 different banks.
-    const int64_t kstep = p.elem == 2 ? 16 : 8;
+    const int64_t kstep = mma_kstep(p);
     row = ceil_div(p.state, kstep) * kstep + kstep / 2;
   } else {
     // Rows a multiple of 8 chunks apart put the KS lanes of 8 / KS groups on
@@ -157,8 +162,7 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
     // A: forward the 3 J rows of W_h, backward J rows (columns of W_h) in
     // three k segments J rows apart; the last tile may read past them.
     s.mtiles = static_cast<int>(ceil_div(p.backward ? units : 3 * units, 16));
-    const int64_t ksteps = (p.backward ? 3 : 1) * ceil_div(p.state, p.elem == 2 ? 16 : 8);
-    s.ksplit = static_cast<int>(std::clamp<int64_t>(threads / 32 / s.mtiles, 1, ksteps));
+    s.ksplit = static_cast<int>(std::clamp<int64_t>(threads / 32 / s.mtiles, 1, mma_ksteps(p)));
     s.mma = mma;
     w_rows = std::max<int64_t>(w_rows, (p.backward ? 2 * units : 0) + 16 * s.mtiles);
     scratch = int64_t(s.ksplit) * 16 * s.mtiles * (padded + 1) * 4;
@@ -254,7 +258,7 @@ const Model kModel;
 // 128-byte warp load a cycle); then the tile's round trip through shared
 // memory (see Model::mma_step_offset).
 double mma_dot_cycles(const Problem& p, const Split& s) {
-  const double ksteps = (p.backward ? 3.0 : 1.0) * std::ceil(double(p.state) / (p.elem == 2 ? 16 : 8));
+  const double ksteps = static_cast<double>(mma_ksteps(p));
   const double nt = s.rows_padded / 8.0;
   const double warps = s.threads / 32.0;
   const double tasks = std::ceil(s.mtiles * s.ksplit / warps);  // (tile, k slice) tasks per warp
@@ -343,15 +347,17 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
   std::vector<bool> dots;
   if (allowed.fma) dots.push_back(false);
   if (allowed.mma && p.mma_dot() && d.mma_kernels) dots.push_back(true);
+  // Why a persistent path has no split when no dot is left (LLTM_SEQ_DOT=mma).
+  const char* no_dot = p.is_double ? "LLTM_SEQ_DOT=mma: no tensor-core dot for float64"
+                       : !p.mma_dot()
+                           ? "LLTM_SEQ_DOT=mma: float32 runs on tensor cores only with TF32 allowed "
+                             "(torch.backends.cuda.matmul.allow_tf32 = True)"
+                           : "LLTM_SEQ_DOT=mma: no tensor-core MMA kernels for this device or build (sm_80+)";
   auto add_persistent = [&](SeqPath path, int group) {
     Plan best;
     best.path = path;
     best.split.group = group;
-    best.why_not = p.is_double ? "LLTM_SEQ_DOT=mma: no tensor-core dot for float64"
-                   : !p.mma_dot()
-                       ? "LLTM_SEQ_DOT=mma: float32 runs on tensor cores only with TF32 allowed "
-                         "(torch.backends.cuda.matmul.allow_tf32 = True)"
-                       : "LLTM_SEQ_DOT=mma: no tensor-core MMA kernels for this device or build (sm_80+)";
+    best.why_not = no_dot;  // splits() replaces it with its own reason
     for (const bool mma : dots) {
       for (const Split& s : splits(p, path, group, mma, d, resident, best.why_not)) {
         Plan plan;
