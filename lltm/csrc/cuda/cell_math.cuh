@@ -27,24 +27,66 @@ __device__ __forceinline__ double elu(double z) { return z > 0.0 ? z : expm1(z);
 __device__ __forceinline__ float tanh_(float z) { return tanhf(z); }
 __device__ __forceinline__ double tanh_(double z) { return tanh(z); }
 
+// Fast forms for kernels whose results are rounded to a 2-byte type (8 or 11
+// mantissa bits): the SFU's exponential and reciprocal in place of the
+// accurate expf / expm1f / tanhf and IEEE division, each within ~3e-7 of
+// the exact value (absolute), far below a half-precision ulp of the gates.
+__device__ __forceinline__ float sigmoid_fast(float z) { return __fdividef(1.0f, 1.0f + __expf(-z)); }
+__device__ __forceinline__ float elu_fast(float z) {
+  if (z > 0.0f) return z;
+  // e^z - 1 cancels near 0: its Taylor polynomial there (the next term is < 3e-7 for z > -1/8)
+  if (z > -0.125f) return z * (1.0f + z * (0.5f + z * (1.0f / 6.0f + z * (1.0f / 24.0f))));
+  return __expf(z) - 1.0f;
+}
+// tanh(z) = 1 - 2 / (1 + e^2z); e^2z = inf gives 1, e^2z = 0 gives -1
+__device__ __forceinline__ float tanh_fast(float z) {
+  return 1.0f - __fdividef(2.0f, 1.0f + __expf(2.0f * z));
+}
+
+// The activations of a cell: exact (every dtype), or fast (float math of
+// 2-byte tensors, kFast).
+template <bool kFast>
+struct Activations {
+  template <typename T>
+  __device__ static __forceinline__ T sigmoid(T z) {
+    return cuda_detail::sigmoid(z);
+  }
+  template <typename T>
+  __device__ static __forceinline__ T elu(T z) {
+    return cuda_detail::elu(z);
+  }
+  template <typename T>
+  __device__ static __forceinline__ T tanh(T z) {
+    return tanh_(z);
+  }
+};
+
+template <>
+struct Activations<true> {
+  __device__ static __forceinline__ float sigmoid(float z) { return sigmoid_fast(z); }
+  __device__ static __forceinline__ float elu(float z) { return elu_fast(z); }
+  __device__ static __forceinline__ float tanh(float z) { return tanh_fast(z); }
+};
+
 // One cell step from the gate pre-activations (bias included).
-template <typename acc_t>
+template <typename acc_t, bool kFast = false>
 struct CellForward {
   acc_t input_gate, output_gate, candidate, new_cell, new_h;
 
   __device__ __forceinline__ CellForward(acc_t z_i, acc_t z_o, acc_t z_c, acc_t old_cell) {
-    input_gate = sigmoid(z_i);
-    output_gate = sigmoid(z_o);
-    candidate = elu(z_c);
+    using A = Activations<kFast>;
+    input_gate = A::sigmoid(z_i);
+    output_gate = A::sigmoid(z_o);
+    candidate = A::elu(z_c);
     new_cell = old_cell + candidate * input_gate;  // c' = c + elu(z_c) * i
-    new_h = tanh_(new_cell) * output_gate;         // h' = tanh(c') * o
+    new_h = A::tanh(new_cell) * output_gate;       // h' = tanh(c') * o
   }
 };
 
 // Gradients of one cell step with respect to the gate pre-activations and the
 // old cell, from the saved activations (every derivative is a function of
 // the activation, so the pre-activations are never stored).
-template <typename acc_t>
+template <typename acc_t, bool kFast = false>
 struct CellBackward {
   acc_t d_input, d_output, d_candidate;  // d loss / d pre-activation
   acc_t d_cell;                          // d loss / d old_cell = d loss / d c'
@@ -52,7 +94,7 @@ struct CellBackward {
   __device__ __forceinline__ CellBackward(acc_t grad_h, acc_t grad_cell, acc_t new_cell, acc_t input_gate,
                                           acc_t output_gate, acc_t candidate) {
     const acc_t one = acc_t(1);
-    const acc_t t = tanh_(new_cell);
+    const acc_t t = Activations<kFast>::tanh(new_cell);
     // d h' / d o = tanh(c');  d tanh(c') = 1 - tanh(c')^2
     const acc_t d_og = grad_h * t;
     d_cell = grad_cell + grad_h * output_gate * (one - t * t);

@@ -22,9 +22,12 @@
 // How a slice reaches the other CTAs is the exchange policy, the one
 // difference between the two kernels of each direction:
 //   ClusterExchange  a thread-block cluster (sm_90+): every CTA writes its
-//                    slice into every CTA's shared memory (DSMEM); one
-//                    cluster barrier per step. Both parities of the buffer
-//                    live on chip.
+//                    slice into its own shared memory, then pushes it into
+//                    every other CTA's (DSMEM, st.async), each store
+//                    counting its bytes on the receiver's mbarrier; a CTA
+//                    waits only for its own mbarrier to complete (no
+//                    cluster barrier, no sender waiting for its stores).
+//                    Both parities of the buffer live on chip.
 //   GridExchange     any group of co-resident CTAs (a cooperative launch):
 //                    slices go to a global buffer (L2), the group meets at
 //                    an arrival counter, and each CTA reloads the whole step
@@ -34,9 +37,9 @@
 // dot products run one of two ways (the split's dot, seq_plan.h): FMA
 // chains (float32 strict fp32) or tensor-core MMA tiles (half types, and
 // float32 as TF32 where the user allowed it). Exchange buffers are
-// double-buffered by step parity, so one barrier per step suffices: a CTA
-// writes parity p again only after the barrier every CTA passes after its
-// last read of parity p.
+// double-buffered by step parity, so one synchronisation per step
+// suffices: a CTA writes parity p again only after every CTA has published
+// the step after its last read of parity p.
 //
 // The cell math is the cell's (CellForward / CellBackward of cell_math.cuh);
 // the plan (which kernel, which split) is seq_plan.cpp's.
@@ -137,8 +140,9 @@ __device__ __forceinline__ Slice my_slice(const Params& p) {
 //   view(parity)  what this CTA's dot products read
 //   put(...)      element (q, j) of this CTA's slice (row q, column j of
 //                 the matrix), held by `lanes` lanes of which this is `lane`
-//   arrive()      after the puts; the global stores of the step follow it
-//   wait(...)     every CTA's puts of that parity are in view(parity)
+//   arrive(p)     after the puts (every thread calls it): publishes them;
+//                 the global stores of the step follow it
+//   wait(p, n)    every CTA's puts of exchange n (parity p) are in view(p)
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
@@ -146,49 +150,181 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   return v;
 }
 
+// Shared-memory addresses for the PTX below: 32-bit offsets in the CTA's
+// window, and the same offset in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+[[maybe_unused]] __device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
+  uint32_t remote;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+#else
+  remote = local;
+#endif
+  return remote;
+}
+
+// The two mbarriers of the cluster exchange (one per buffer parity) sit in
+// the first bytes of every persistent kernel's dynamic shared memory.
+constexpr int kHeaderBytes = 16;
+
 template <typename T>
 struct ClusterExchange {
+  // One store of the slice to another CTA, at parity 0: the source word(s)
+  // in this CTA, the destination and the destination's mbarrier.
+  struct Send {
+    uint32_t src, dst, bar;
+  };
+
   T* local;          // [2][R Bp][row]: both parities, in this CTA
   int parity_elems;  // R Bp row
   int row;           // elements per exchanged row (padded)
-  int ctas;
+  int ctas, rank;
+  uint32_t bars;      // shared address of the parity-0 mbarrier (parity 1 follows)
+  uint32_t expected;  // bytes the other CTAs send into this one per step
+  // The slice's stores: items = R bn rows x per_row chunks of `chunk` bytes
+  // (16 where the slice is 16-byte aligned, else 4), to each of the other
+  // ctas - 1 CTAs; thread i sends pairs i, i + threads, ... of the
+  // (CTA, item) pairs, its first two precomputed.
+  uint32_t src0;  // shared address of (row 0, column j0) at parity 0
+  int row_bytes, parity_bytes, per_row, items, chunk;
+  Send first[2];
+  int firsts;
 
   __device__ T* view(int parity) const { return local + parity * parity_elems; }
 
-  __device__ void put(int parity, int q, int j, T v, int lane, int lanes) const {
+  // A slice travels as whole 4-byte words (the planner keeps J even for 2-byte
+  // types; the last CTA's odd word carries the zero padding past S).
+  __device__ static int slice_bytes(int jn) { return (jn * static_cast<int>(sizeof(T)) + 3) / 4 * 4; }
+
+  // This CTA's copy of the step: one lane of the group writes it locally;
+  // arrive() sends the whole slice on.
+  __device__ void put(int parity, int q, int j, T v, int lane, int /*lanes*/) const {
+    if (lane == 0) view(parity)[q * row + j] = v;
+  }
+
+  __device__ Send send_of(int e) const {
+    const int other = e / items, item = e - other * items;
+    const int d = other + (other >= rank);  // every CTA but this one
+    const int r = item / per_row;
+    const uint32_t src = src0 + r * row_bytes + (item - r * per_row) * chunk;
+    return {src, cluster_address(src, d), cluster_address(bars, d)};
+  }
+
+  __device__ void send(const Send& x, int parity) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    T* mine = view(parity) + q * row + j;
-    for (int d = lane; d < ctas; d += lanes) {
-      // The same offset in CTA d's shared memory (a generic address).
-      uint64_t remote;
-      asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(remote) : "l"(mine), "r"(d));
-      *reinterpret_cast<T*>(remote) = v;
+    const uint32_t src = x.src + parity * parity_bytes, dst = x.dst + parity * parity_bytes;
+    const uint32_t bar = x.bar + 8 * parity;
+    if (chunk == 16) {
+      uint32_t v0, v1, v2, v3;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                   : "r"(src)
+                   : "memory");
+      asm volatile(
+          "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::
+              "r"(dst),
+          "r"(v0), "r"(v1), "r"(v2), "r"(v3), "r"(bar)
+          : "memory");
+    } else {
+      uint32_t v;
+      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(src) : "memory");
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(dst),
+                   "r"(v), "r"(bar)
+                   : "memory");
     }
 #endif
   }
-  // arrive.release orders this thread's earlier stores (to any CTA's shared
-  // memory) before the other CTAs' wait.acquire returns; work between the
-  // two halves overlaps the barrier.
-  __device__ void arrive() const {
+
+  // Every thread's puts are in view(parity); then the slice goes to every
+  // other CTA with st.async, each store completing bytes on the receiver's
+  // mbarrier of that parity. No thread waits for its stores: the receivers'
+  // mbarriers say when they have landed.
+  __device__ void arrive(int parity) const {
+    __syncthreads();
+    if (firsts > 0) send(first[0], parity);
+    if (firsts > 1) send(first[1], parity);
+    for (int e = threadIdx.x + 2 * blockDim.x; e < items * (ctas - 1); e += blockDim.x)
+      send(send_of(e), parity);
+  }
+
+  // The n-th exchange of the launch has landed once the mbarrier of its
+  // parity completes its phase (n / 2: each parity serves every other
+  // exchange); thread 0 then arms the next phase of that mbarrier. Nothing
+  // of exchange n + 2 can arrive earlier: every CTA sends it only after
+  // exchange n + 1, which this CTA sends after this point.
+  __device__ void wait(int parity, int64_t n) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+    const uint32_t bar = bars + 8 * parity;
+    const uint32_t phase = static_cast<uint32_t>(n >> 1) & 1u;
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "wait_loop:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_loop;\n"
+        "}\n" ::"r"(bar),
+        "r"(phase)
+        : "memory");
+    if (threadIdx.x == 0) arm(bar);
 #endif
   }
-  __device__ void wait(int /*parity*/, int64_t /*n*/) const {
+
+  __device__ void arm(uint32_t bar) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(expected)
+                 : "memory");
+#endif
+  }
+
+  // The mbarriers are set up and armed, and every CTA of the cluster runs,
+  // before any CTA stores into another's shared memory.
+  __device__ void start() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+      for (int q = 0; q < 2; ++q) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + 8 * q) : "memory");
+      }
+      // The initialisation is complete before any use, this thread's arming included.
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      for (int q = 0; q < 2; ++q) arm(bars + 8 * q);
+    }
+    asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
     asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
 #endif
   }
-  // Every CTA of the cluster runs (and has its buffers set) before any CTA
-  // writes into another's shared memory.
-  __device__ void start() const {
-    arrive();
-    wait(0, 0);
-  }
 
   template <typename Params>
-  __device__ static ClusterExchange make(const Params& p, const Slice&, T* buffer, int rows_per) {
-    return {buffer, rows_per * p.rows_padded * p.row, p.row, p.group};
+  __device__ static ClusterExchange make(const Params& p, const Slice& s, T* buffer, int rows_per,
+                                         unsigned char* header) {
+    ClusterExchange ex;
+    ex.local = buffer;
+    ex.parity_elems = rows_per * p.rows_padded * p.row;
+    ex.row = p.row;
+    ex.ctas = p.group;
+    ex.rank = s.rank;
+    ex.bars = smem_address(header);
+    int per_row = 0;
+    for (int d = 0; d < p.group; ++d) {
+      if (d != s.rank) per_row += slice_bytes(max(0, min(p.units, p.state - d * p.units)));
+    }
+    ex.expected = static_cast<uint32_t>(rows_per * s.bn * per_row);
+    const int bytes = slice_bytes(s.jn);
+    ex.chunk = (s.j0 * sizeof(T)) % 16 == 0 && bytes % 16 == 0 ? 16 : 4;  // rows are 16-byte aligned
+    ex.src0 = smem_address(buffer + s.j0);
+    ex.row_bytes = p.row * static_cast<int>(sizeof(T));
+    ex.parity_bytes = ex.parity_elems * static_cast<int>(sizeof(T));
+    ex.per_row = bytes / ex.chunk;
+    ex.items = rows_per * s.bn * ex.per_row;
+    const int pairs = ex.items * (ex.ctas - 1);
+    ex.firsts = 0;
+    for (int i = 0; i < 2; ++i) {
+      const int e = threadIdx.x + i * blockDim.x;
+      if (e < pairs) ex.first[ex.firsts++] = ex.send_of(e);
+    }
+    return ex;
   }
 };
 
@@ -208,14 +344,12 @@ struct GridExchange {
   __device__ void put(int parity, int q, int j, T v, int lane, int lanes) const {
     if (lane == q % lanes) global[parity * parity_elems + (first + q) * row + j] = v;
   }
-  // The CTA's puts, then one arrival (the fence makes them visible to the
-  // whole GPU before the count does).
-  __device__ void arrive() const {
+  // The CTA's puts, then one arrival: a release at GPU scope orders the
+  // CTA's puts (which the barrier put before it) before the count.
+  __device__ void arrive(int /*parity*/) const {
     __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(arrivals, 1u);
-    }
+    if (threadIdx.x == 0)
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(arrivals) : "memory");
   }
   // The n-th exchange of this launch is complete when the group has
   // arrived (n + 1) times; then the chunk's rows of that parity are copied
@@ -237,7 +371,8 @@ struct GridExchange {
   __device__ void start() const { __syncthreads(); }
 
   template <typename Params>
-  __device__ static GridExchange make(const Params& p, const Slice& s, T* buffer, int rows_per) {
+  __device__ static GridExchange make(const Params& p, const Slice& s, T* buffer, int rows_per,
+                                      unsigned char* /*header*/) {
     return {buffer,
             p.exchange,
             p.arrivals + s.chunk,
@@ -396,18 +531,14 @@ __device__ __forceinline__ float tile_sum(const float* tile, int m, int n, int m
 
 // ------------------------------------------------------------ the kernels
 
-// The lanes of the KS-lane group this lane belongs to (KS divides 32).
-__device__ __forceinline__ unsigned group_mask(int ks) {
-  if (ks == 32) return 0xffffffffu;
-  const int lane = threadIdx.x & 31;
-  return ((1u << ks) - 1u) << (lane & ~(ks - 1));
-}
-
+// The sums over each KS-lane group of a warp (KS divides 32: the xor
+// offsets stay inside a group). Every lane of the warp takes part: with a
+// full mask the shuffles need no convergence checks.
 template <int N, typename acc_t>
-__device__ __forceinline__ void group_sum(acc_t (&v)[N], int ks, unsigned mask) {
+__device__ __forceinline__ void group_sum(acc_t (&v)[N], int ks) {
   for (int offset = ks >> 1; offset > 0; offset >>= 1) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(mask, v[i], offset);
+    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], offset);
   }
 }
 
@@ -420,7 +551,8 @@ __device__ __forceinline__ void group_sum(acc_t (&v)[N], int ks, unsigned mask) 
 // n % KS == ks.
 struct Group {
   int ks, KS, jj, j, r0;
-  unsigned mask;
+  // Threads past the CTA's (unit, rows) pairs are not working: they run the
+  // FMA dot (of unit 0, rows 0..) with their warp but no cell math.
   bool working;
 };
 
@@ -429,7 +561,6 @@ __device__ __forceinline__ Group my_group(const Slice& s, int KS, int rows_padde
   Group g;
   g.KS = KS;
   g.ks = threadIdx.x % KS;
-  g.mask = group_mask(KS);
   const int q = threadIdx.x / KS;
   g.working = q < s.jn * (rows_padded / NB);
   g.jj = g.working ? q % s.jn : 0;
@@ -437,6 +568,45 @@ __device__ __forceinline__ Group my_group(const Slice& s, int KS, int rows_padde
   g.r0 = g.working ? (q / s.jn) * NB : 0;
   return g;
 }
+
+// The phases of a step in cycles, for profiling builds (LLTM_STEP_CLOCKS=1
+// at build time, lltm/_sources.py): thread 0 of CTA 0 adds each phase's
+// clock64 span up and prints the means per step when the loop ends. In
+// other builds every call is empty.
+struct StepClocks {
+  static constexpr int kPhases = 6;
+  using Names = const char* const (&)[kPhases];  // one per phase, in the order of the marks
+#ifdef LLTM_STEP_CLOCKS
+  long long sum[kPhases] = {}, last = 0;
+  bool on = false;
+  __device__ void start() {
+    on = blockIdx.x == 0 && threadIdx.x == 0;
+    last = clock64();
+  }
+  __device__ __forceinline__ void mark(int phase) {
+    if (!on) return;
+    const long long now = clock64();
+    sum[phase] += now - last;
+    last = now;
+  }
+  __device__ void report(const char* what, Names names, int64_t steps, int rows, int units, int group,
+                         bool mma) const {
+    if (!on || steps <= 0) return;
+    long long total = 0;
+    for (int i = 0; i < kPhases; ++i) total += sum[i];
+    printf(
+        "lltm step clocks: %s group=%d units=%d rows=%d dot=%s steps=%lld cycles/step: %s %lld, %s %lld, "
+        "%s %lld, %s %lld, %s %lld, %s %lld; total %lld\n",
+        what, group, units, rows, mma ? "mma" : "fma", static_cast<long long>(steps), names[0],
+        sum[0] / steps, names[1], sum[1] / steps, names[2], sum[2] / steps, names[3], sum[3] / steps,
+        names[4], sum[4] / steps, names[5], sum[5] / steps, total / steps);
+  }
+#else
+  __device__ void start() {}
+  __device__ __forceinline__ void mark(int) {}
+  __device__ void report(const char*, Names, int64_t, int, int, int, bool) const {}
+#endif
+};
 
 // The byte offset in a CTA's shared memory of the MMA dot's tile of partial
 // sums: past W_h's slice and the exchanged rows, 16-byte aligned.
@@ -448,7 +618,8 @@ template <typename scalar_t, int NB, bool kMma, template <typename> class Exchan
 __global__ void __launch_bounds__(kMaxThreads)
     seq_forward_persistent_kernel(const ForwardParams<scalar_t> p) {
   using acc_t = at::opmath_type<scalar_t>;
-  constexpr int V = 16 / sizeof(scalar_t);  // elements per 16-byte chunk
+  constexpr int V = 16 / sizeof(scalar_t);           // elements per 16-byte chunk
+  constexpr bool kFastMath = sizeof(scalar_t) == 2;  // the cell's fast activations for half types
   constexpr bool kCluster = std::is_same_v<Exchange<scalar_t>, ClusterExchange<scalar_t>>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // No clusters (or MMA, below sm_80) in this build's code for the device:
@@ -465,10 +636,11 @@ __global__ void __launch_bounds__(kMaxThreads)
   constexpr int kParities = kCluster ? 2 : 1;
 
   extern __shared__ __align__(16) unsigned char smem[];
-  scalar_t* w_s = reinterpret_cast<scalar_t*>(smem);  // [3][J][row], then zero rows up to w_rows
+  unsigned char* base = smem + kHeaderBytes;          // past the exchange's mbarriers
+  scalar_t* w_s = reinterpret_cast<scalar_t*>(base);  // [3][J][row], then zero rows up to w_rows
   scalar_t* h_s = w_s + p.w_rows * row;               // [parities][Bp][row]
   [[maybe_unused]] float* tile =
-      reinterpret_cast<float*>(smem + mma_tile_offset((p.w_rows + kParities * Bp) * row, sizeof(scalar_t)));
+      reinterpret_cast<float*>(base + mma_tile_offset((p.w_rows + kParities * Bp) * row, sizeof(scalar_t)));
 
   // W_h's rows of this CTA's units and h0 of its batch rows; zero padding
   // past S and past the last row, so the dot products need no bounds.
@@ -481,7 +653,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int k = e % row, r = e / row;
     h_s[e] = (r < s.bn && k < S) ? p.h0[(s.b0 + r) * p.h0_ld + k] : scalar_t(0);
   }
-  const Exchange<scalar_t> ex = Exchange<scalar_t>::make(p, s, h_s, 1);
+  const Exchange<scalar_t> ex = Exchange<scalar_t>::make(p, s, h_s, 1, smem);
 
   // Thread groups cover the chunk's rows in NB-row steps (Bp may pad further, for the MMA tiles).
   const Group grp = my_group<NB>(s, p.ks, (p.rows + NB - 1) / NB * NB);
@@ -517,6 +689,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   load_z(0);
   scalar_t h_out[NB], y_out[NB], gate_out[3][NB];  // step t's results
   ex.start();
+  StepClocks clk;
+  clk.start();
 
   for (int64_t t = 0; t < p.steps; ++t) {
     // h_{t-1} is in parity t & 1 (h0 in 0); h_t goes to the other one.
@@ -526,10 +700,14 @@ __global__ void __launch_bounds__(kMaxThreads)
     if constexpr (kMma) {  // every warp: the CTA's 3 J x Bp products
       mma_dot<scalar_t>(w_s, h_cur, 1, 0, row, row, S, p.mtiles, Bp / 8, p.ksplit, tile);
       __syncthreads();
+      clk.mark(0);
     }
-    if (grp.working) {
-      acc_t acc[3 * NB];
-      if constexpr (kMma) {
+    // The FMA dot runs in every thread, working or not: group_sum takes whole warps.
+    acc_t acc[3 * NB];
+#pragma unroll
+    for (int i = 0; i < 3 * NB; ++i) acc[i] = acc_t(0);
+    if constexpr (kMma) {
+      if (grp.working) {
 #pragma unroll
         for (int i = 0; i < 3; ++i) {
 #pragma unroll
@@ -537,35 +715,38 @@ __global__ void __launch_bounds__(kMaxThreads)
             acc[i * NB + n] = tile_sum(tile, i * J + grp.jj, grp.r0 + n, p.mtiles, Bp / 8, p.ksplit);
           }
         }
-      } else {
+      }
+    } else {
+      const scalar_t* w0 = w_s + grp.jj * row;
+      const scalar_t* hb = h_cur + grp.r0 * row;
+      for (int k = grp.ks; k < chunks; k += grp.KS) {
+        acc_t wv[3][V];
 #pragma unroll
-        for (int i = 0; i < 3 * NB; ++i) acc[i] = acc_t(0);
-        const scalar_t* w0 = w_s + grp.jj * row;
-        const scalar_t* hb = h_cur + grp.r0 * row;
-        for (int k = grp.ks; k < chunks; k += grp.KS) {
-          acc_t wv[3][V];
+        for (int i = 0; i < 3; ++i) load_pack<acc_t, scalar_t, V>(w0 + i * J * row + k * V, wv[i]);
 #pragma unroll
-          for (int i = 0; i < 3; ++i) load_pack<acc_t, scalar_t, V>(w0 + i * J * row + k * V, wv[i]);
+        for (int n = 0; n < NB; ++n) {
+          acc_t hv[V];
+          load_pack<acc_t, scalar_t, V>(hb + n * row + k * V, hv);
 #pragma unroll
-          for (int n = 0; n < NB; ++n) {
-            acc_t hv[V];
-            load_pack<acc_t, scalar_t, V>(hb + n * row + k * V, hv);
+          for (int v = 0; v < V; ++v) {
 #pragma unroll
-            for (int v = 0; v < V; ++v) {
-#pragma unroll
-              for (int i = 0; i < 3; ++i) acc[i * NB + n] += wv[i][v] * hv[v];
-            }
+            for (int i = 0; i < 3; ++i) acc[i * NB + n] += wv[i][v] * hv[v];
           }
         }
-        group_sum(acc, grp.KS, grp.mask);
       }
+      clk.mark(0);
+      group_sum(acc, grp.KS);
+    }
+    clk.mark(1);
+    if (grp.working) {
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
         if (!valid[n]) continue;
         const int r = grp.r0 + n;
         if (t < length[n]) {
-          const CellForward<acc_t> cell(z[0][n] + bias[0] + acc[n], z[1][n] + bias[1] + acc[NB + n],
-                                        z[2][n] + bias[2] + acc[2 * NB + n], c[n]);
+          const CellForward<acc_t, kFastMath> cell(z[0][n] + bias[0] + acc[n],
+                                                   z[1][n] + bias[1] + acc[NB + n],
+                                                   z[2][n] + bias[2] + acc[2 * NB + n], c[n]);
           c[n] = cell.new_cell;
           h_out[n] = static_cast<scalar_t>(cell.new_h);
           y_out[n] = h_out[n];
@@ -579,10 +760,11 @@ __global__ void __launch_bounds__(kMaxThreads)
         if (!last) ex.put(next, r, j, h_out[n], grp.ks, grp.KS);
       }
     }
-    // The arrive waits for this thread's earlier stores: only the exchange
-    // comes before it; the global stores (read by no CTA of this launch)
-    // follow it.
-    if (!last) ex.arrive();
+    clk.mark(2);
+    // Only the exchange comes before the arrive; the global stores (read by
+    // no CTA of this launch) follow it.
+    if (!last) ex.arrive(next);
+    clk.mark(3);
     if (grp.working) {
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
@@ -600,8 +782,13 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     if (last) break;
     if (grp.working) load_z(t + 1);
+    clk.mark(4);
     ex.wait(next, t);  // every slice of h_t is in view(next)
+    clk.mark(5);
   }
+  clk.report(kCluster ? "forward cluster" : "forward grid",
+             {"dot", "reduce", "cell+put", "arrive", "stores+loads", "wait"}, p.steps, p.rows, J, p.group,
+             kMma);
 }
 
 template <typename scalar_t, int NB, bool kMma, template <typename> class Exchange>
@@ -609,6 +796,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     seq_backward_persistent_kernel(const BackwardParams<scalar_t> p) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int V = 16 / sizeof(scalar_t);
+  constexpr bool kFastMath = sizeof(scalar_t) == 2;
   constexpr bool kCluster = std::is_same_v<Exchange<scalar_t>, ClusterExchange<scalar_t>>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   if constexpr (kCluster || (kMma && __CUDA_ARCH__ < 800)) {  // see the forward kernel
@@ -622,10 +810,11 @@ __global__ void __launch_bounds__(kMaxThreads)
   constexpr int kParities = kCluster ? 2 : 1;
 
   extern __shared__ __align__(16) unsigned char smem[];
-  scalar_t* wt_s = reinterpret_cast<scalar_t*>(smem);  // [3][J][row], then zero rows up to w_rows
+  unsigned char* base = smem + kHeaderBytes;           // past the exchange's mbarriers
+  scalar_t* wt_s = reinterpret_cast<scalar_t*>(base);  // [3][J][row], then zero rows up to w_rows
   scalar_t* x_s = wt_s + p.w_rows * row;               // [parities][Bp][3][row]
   [[maybe_unused]] float* tile = reinterpret_cast<float*>(
-      smem + mma_tile_offset((p.w_rows + kParities * Bp * 3) * row, sizeof(scalar_t)));
+      base + mma_tile_offset((p.w_rows + kParities * Bp * 3) * row, sizeof(scalar_t)));
 
   // wt_s[g][jj][k] = W_h[g S + k][j0 + jj]: this CTA's columns of W_h as
   // rows (read with jj fastest, so consecutive threads read consecutive
@@ -638,7 +827,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
   for (int e = 3 * J * row + threadIdx.x; e < p.w_rows * row; e += blockDim.x) wt_s[e] = scalar_t(0);
   for (int e = threadIdx.x; e < kParities * Bp * 3 * row; e += blockDim.x) x_s[e] = scalar_t(0);
-  const Exchange<scalar_t> ex = Exchange<scalar_t>::make(p, s, x_s, 3);
+  const Exchange<scalar_t> ex = Exchange<scalar_t>::make(p, s, x_s, 3, smem);
 
   // Thread groups cover the chunk's rows in NB-row steps (Bp may pad further, for the MMA tiles).
   const Group grp = my_group<NB>(s, p.ks, (p.rows + NB - 1) / NB * NB);
@@ -674,6 +863,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   load_step(p.steps - 1);
   scalar_t d_out[3][NB];  // step t's d_pre
   ex.start();
+  StepClocks clk;
+  clk.start();
 
   for (int64_t t = p.steps - 1; t >= 0; --t) {
     const int parity = t & 1;
@@ -685,8 +876,8 @@ __global__ void __launch_bounds__(kMaxThreads)
         const int r = grp.r0 + n;
         acc_t d[3] = {acc_t(0), acc_t(0), acc_t(0)};
         if (t < length[n]) {
-          const CellBackward<acc_t> cell(dh[n] + gout_t[n], dc[n], cell_t[n], gate_t[0][n], gate_t[1][n],
-                                         gate_t[2][n]);
+          const CellBackward<acc_t, kFastMath> cell(dh[n] + gout_t[n], dc[n], cell_t[n], gate_t[0][n],
+                                                    gate_t[1][n], gate_t[2][n]);
           d[0] = cell.d_input;
           d[1] = cell.d_output;
           d[2] = cell.d_candidate;
@@ -701,7 +892,9 @@ __global__ void __launch_bounds__(kMaxThreads)
         }
       }
     }
-    ex.arrive();  // before the global stores: see the forward kernel
+    clk.mark(0);
+    ex.arrive(parity);  // before the global stores: see the forward kernel
+    clk.mark(1);
     if (grp.working) {
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
@@ -712,7 +905,9 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
     }
     if (grp.working && t > 0) load_step(t - 1);
+    clk.mark(2);
     ex.wait(parity, p.steps - 1 - t);  // all of d_pre_t is in view(parity)
+    clk.mark(3);
     if (t == 0 && p.grad_h0 == nullptr) break;
 
     // d h_{t-1}[b, j] += sum_g sum_k d_pre_t[b, g S + k] W_h[g S + k, j]
@@ -720,37 +915,46 @@ __global__ void __launch_bounds__(kMaxThreads)
     if constexpr (kMma) {  // every warp: the CTA's J x Bp products over three k segments
       mma_dot<scalar_t>(wt_s, x_cur, 3, J, 3 * row, row, S, p.mtiles, Bp / 8, p.ksplit, tile);
       __syncthreads();
+      clk.mark(4);
     }
-    if (grp.working) {
-      acc_t acc[NB];
-      if constexpr (kMma) {
+    // The FMA dot runs in every thread, working or not: group_sum takes whole warps.
+    acc_t acc[NB];
+#pragma unroll
+    for (int n = 0; n < NB; ++n) acc[n] = acc_t(0);
+    if constexpr (kMma) {
+      if (grp.working) {
 #pragma unroll
         for (int n = 0; n < NB; ++n) acc[n] = tile_sum(tile, grp.jj, grp.r0 + n, p.mtiles, Bp / 8, p.ksplit);
-      } else {
+      }
+    } else {
 #pragma unroll
-        for (int n = 0; n < NB; ++n) acc[n] = acc_t(0);
+      for (int i = 0; i < 3; ++i) {
+        const scalar_t* wrow = wt_s + (i * J + grp.jj) * row;
+        const scalar_t* xb = x_cur + (grp.r0 * 3 + i) * row;
+        for (int k = grp.ks; k < chunks; k += grp.KS) {
+          acc_t wv[V];
+          load_pack<acc_t, scalar_t, V>(wrow + k * V, wv);
 #pragma unroll
-        for (int i = 0; i < 3; ++i) {
-          const scalar_t* wrow = wt_s + (i * J + grp.jj) * row;
-          const scalar_t* xb = x_cur + (grp.r0 * 3 + i) * row;
-          for (int k = grp.ks; k < chunks; k += grp.KS) {
-            acc_t wv[V];
-            load_pack<acc_t, scalar_t, V>(wrow + k * V, wv);
+          for (int n = 0; n < NB; ++n) {
+            acc_t xv[V];
+            load_pack<acc_t, scalar_t, V>(xb + n * 3 * row + k * V, xv);
 #pragma unroll
-            for (int n = 0; n < NB; ++n) {
-              acc_t xv[V];
-              load_pack<acc_t, scalar_t, V>(xb + n * 3 * row + k * V, xv);
-#pragma unroll
-              for (int v = 0; v < V; ++v) acc[n] += wv[v] * xv[v];
-            }
+            for (int v = 0; v < V; ++v) acc[n] += wv[v] * xv[v];
           }
         }
-        group_sum(acc, grp.KS, grp.mask);
       }
+      clk.mark(4);
+      group_sum(acc, grp.KS);
+    }
+    if (grp.working) {
 #pragma unroll
       for (int n = 0; n < NB; ++n) dh[n] += acc[n];
     }
+    clk.mark(5);
   }
+  clk.report(kCluster ? "backward cluster" : "backward grid",
+             {"cell+put", "arrive", "stores+loads", "wait", "dot", "reduce"}, p.steps, p.rows, J, p.group,
+             kMma);
   // The gradients of the initial state.
 #pragma unroll
   for (int n = 0; n < NB; ++n) {

@@ -10,7 +10,7 @@
 //              loads, conversions, FMAs) x warps per scheduler, `smem` =
 //              bytes the CTA reads from shared memory / 128 per cycle
 //     reduce   a shuffle butterfly over the KS lanes of a group
-//     exchange cluster: remote stores to C CTAs + the cluster barrier;
+//     exchange cluster: stores to C CTAs + the wait on an mbarrier;
 //              grid: one global store, the group's arrival counter, and the
 //              reload of all exchanged rows from L2
 //     fixed    the cell math and the step's loads, a constant per path
@@ -38,6 +38,7 @@ namespace cuda_detail {
 namespace {
 
 constexpr int kMaxThreads = 256;  // the persistent kernels' __launch_bounds__
+constexpr int kHeaderBytes = 16;  // the kernels' shared memory starts with the exchange's two mbarriers
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -113,7 +114,10 @@ int64_t mma_ksteps(const Problem& p) { return (p.backward ? 3 : 1) * ceil_div(p.
 std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_t rows, size_t smem_limit,
                                bool mma) {
   const int V = 16 / p.elem;  // elements per 16-byte chunk
-  const int64_t units = ceil_div(p.state, group);
+  int64_t units = ceil_div(p.state, group);
+  // The cluster exchange moves 4-byte words: a CTA's columns start at a
+  // whole word for 2-byte types.
+  if (path == SeqPath::kCluster && p.elem == 2) units += units % 2;
   Split s;
   s.group = static_cast<int>(ceil_div(p.state, units));  // no idle CTA
   s.units = static_cast<int>(units);
@@ -167,7 +171,7 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
     w_rows = std::max<int64_t>(w_rows, (p.backward ? 2 * units : 0) + 16 * s.mtiles);
     scratch = int64_t(s.ksplit) * 16 * s.mtiles * (padded + 1) * 4;
   }
-  const int64_t smem = ceil_div((w_rows * row + exchanged) * p.elem, 16) * 16 + scratch;
+  const int64_t smem = kHeaderBytes + ceil_div((w_rows * row + exchanged) * p.elem, 16) * 16 + scratch;
   if (smem > static_cast<int64_t>(smem_limit)) return std::nullopt;
   s.rows = static_cast<int>(rows);
   s.rows_padded = static_cast<int>(padded);
@@ -221,11 +225,14 @@ std::vector<Split> splits(const Problem& p, SeqPath path, int group, bool mma, c
 // sweeps with interleaved rounds (docs/benchmarks.md): the grid's fixed cost
 // (+900 cycles: a step of the grid kernel at T = 1000, B = 16, S = 128 took
 // 0.48 us more than the cluster kernel's, where the fit had them equal) and
-// the half-precision loop (0.8x).
+// the half-precision loop (0.8x). The exchanges' fixed costs then moved by
+// what a step lost with the mbarrier exchange of the cluster kernels
+// (-1000 cycles) and the release-add arrival of the grid kernels (-200),
+// measured per phase at T = 1000 (lltm.bench.step_phases).
 struct Model {
-  double cluster_fixed = 5300;            // cell math, the step's loads, stores and barrier
+  double cluster_fixed = 4300;            // cell math, the step's loads, stores and exchange
   double cluster_per_cta = 27;            // each CTA a slice goes to (DSMEM stores)
-  double grid_fixed = 6300;               // the same with the arrival counter
+  double grid_fixed = 6100;               // the same with the arrival counter
   double grid_l2_bytes_per_cycle = 13.4;  // exchanged rows reloaded from L2, per SM
   double issue_factor = 2.27;             // issue and dependency stalls per instruction
   double backward_factor = 1.16;          // backward's three passes over W_h^T and d_pre

@@ -8,8 +8,8 @@
 //            cluster of C CTAs owns a chunk of batch rows, each CTA a slice
 //            of the state units with its rows of W_h in shared memory for
 //            all T steps; h_t (backward: d_pre_t) goes to every CTA of the
-//            cluster through distributed shared memory, one cluster barrier
-//            per step.
+//            cluster through distributed shared memory, each store counted
+//            on the receiver's mbarrier (a CTA waits only for its own).
 //   grid     the same split over the whole GPU without clusters (a
 //            cooperative launch, sm_80+): a group of U CTAs owns a chunk of
 //            batch rows; h_t goes through L2 (a global buffer), and the
