@@ -6,6 +6,8 @@ Environment switches:
     USE_CUDA=0|1   force the CPU-only or the CUDA build (default: CUDA when
                    torch is a CUDA build and a CUDA toolkit is found)
     DEBUG=1        -O0 -g (and -G for device code)
+    LLTM_STEP_CLOCKS=1  profiling build: the persistent sequence kernels
+                   print the mean cycles of each phase of a step
     MAX_JOBS, TORCH_CUDA_ARCH_LIST are read by torch.utils.cpp_extension;
     TORCH_CUDA_ARCH_LIST defaults to "8.0;8.6;8.9;9.0+PTX" (every supported
     GPU, PTX for newer ones).

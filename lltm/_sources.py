@@ -112,4 +112,7 @@ def link_flags() -> list[str]:
 def nvcc_flags(debug: bool) -> list[str]:
     flags = ["-DLLTM_WITH_CUDA", _registry.compiled_define(), "--expt-relaxed-constexpr", "-lineinfo"]
     flags += ["-O0", "-G"] if debug else ["-O3"]
+    if os.environ.get("LLTM_STEP_CLOCKS") == "1":
+        # Profiling build: the persistent kernels print the cycles of each phase of a step.
+        flags.append("-DLLTM_STEP_CLOCKS")
     return flags

@@ -11,7 +11,8 @@
 # --resource-usage prints ptxas's registers / shared memory / spills per
 # kernel. Environment: NVCC (compiler), PYTHON (the python with torch),
 # JOBS (parallel compiles, default: number of cores), CUDA_ARCH (space-separated
-# architectures, default "80 90"),
+# architectures, default "80 90"), NVCC_EXTRA (more nvcc flags, e.g.
+# -DLLTM_STEP_CLOCKS for the profiling build),
 # STAMPS (folder of the per-file "compiled" stamps, default build/cuda-compile-check).
 #
 # torch's CUDA headers include cuBLAS/cuSPARSE/cuSOLVER headers. A toolkit
@@ -137,6 +138,7 @@ flags=(
   "-D_GLIBCXX_USE_CXX11_ABI=$ABI"
   -Xcompiler -fPIC -diag-suppress 3306
   $TORCH_INCLUDES "${extra_includes[@]}"
+  ${NVCC_EXTRA:-}
 )
 for arch in $ARCHS; do flags+=("-gencode=arch=compute_${arch},code=sm_${arch}"); done
 if [ "$RESOURCE_USAGE" = 1 ]; then flags+=(--resource-usage); fi

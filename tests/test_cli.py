@@ -412,3 +412,35 @@ def test_seq_sweep_summary_against_the_targets():
     row = format_point(points[1], ["grid", "loop", "nocluster"])
     assert row.startswith("| 16x128 | 100 | 130 | 100 | 120 (grid/loop) | 1.20 | 100 | 200 | 1.20 | 0.60 | 0.50 |")
     assert "| 90 | 0.90 |" in row
+
+
+def test_step_phases_reads_the_kernels_phase_lines():
+    """lltm.bench.step_phases parses the profiling build's device printf (one
+    line per launch) into phase -> cycles, ignores other output, and its
+    stdout capture sees what is written on file descriptor 1."""
+    import os
+
+    from lltm.bench.step_phases import _capture_stdout, parse
+
+    text = (
+        "noise\n"
+        "lltm step clocks: forward cluster group=8 units=16 rows=1 dot=fma steps=1000 cycles/step: "
+        "dot 461, reduce 547, cell+put 719, arrive 269, stores+loads 326, wait 83; total 2408\n"
+        "lltm step clocks: backward grid group=2 units=64 rows=4 dot=mma steps=10 cycles/step: "
+        "cell+put 3, arrive 4, stores+loads 5, wait 6, dot 7, reduce 8; total 33\n"
+    )
+    rows = parse(text)
+    assert [r["what"] for r in rows] == ["forward cluster", "backward grid"]
+    assert rows[0]["shape"] == "group=8 units=16 rows=1 dot=fma steps=1000"
+    assert rows[0]["phases"] == {
+        "dot": 461,
+        "reduce": 547,
+        "cell+put": 719,
+        "arrive": 269,
+        "stores+loads": 326,
+        "wait": 83,
+    }
+    assert rows[0]["total"] == 2408 and rows[1]["phases"]["reduce"] == 8
+    assert parse("nothing here\n") == []
+    got = _capture_stdout(lambda: os.write(1, b"from fd 1\n"), sync=False)
+    assert got == "from fd 1\n"

@@ -1,0 +1,140 @@
+"""Where a step of the persistent sequence kernels goes: the mean cycles of
+each phase of a step (dot products, their reduction, the cell math with the
+exchange's stores, the barrier's two halves, the step's global stores and
+loads), read from clock64 by thread 0 of the first CTA of each launch.
+
+Needs a profiling build (the kernels print the phases only there):
+
+    LLTM_STEP_CLOCKS=1 TORCH_CUDA_ARCH_LIST=9.0 pip install --no-build-isolation -e .
+    python -m lltm.bench.step_phases [--steps 1000] [--sizes 16x128,64x256] [--paths cluster,grid]
+        [--dtype float32] [--tf32]
+
+A size is BxS (input features I = S, or BxIxS). A path is a
+seq_sweep.PATHS name (cluster8, cluster-mma, grid, grid-mma, auto, ...).
+The cycles are the SM's (clock64); the ns column divides by the device's
+clock rate as the runtime reports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+from typing import Optional
+
+import torch
+
+from lltm.bench import cases
+from lltm.bench.seq_sweep import DTYPES, PATHS, _set_path
+
+LINE = re.compile(
+    r"lltm step clocks: (?P<what>\w+ \w+) (?P<shape>.*?) cycles/step: (?P<phases>.*); total (?P<total>\d+)"
+)
+
+
+def _capture_stdout(fn, sync: bool = True) -> str:
+    """What the process writes on file descriptor 1 while `fn` runs (device
+    printf goes there, not through sys.stdout; `sync` waits for the device
+    first, which flushes its printf buffer)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile(mode="w+b") as f:
+        os.dup2(f.fileno(), 1)
+        try:
+            fn()
+            if sync:
+                torch.cuda.synchronize()
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        f.seek(0)
+        return f.read().decode(errors="replace")
+
+
+def parse(text: str) -> list[dict]:
+    """The phase lines of one run: direction and path, the launch shape, and
+    phase -> mean cycles per step."""
+    rows = []
+    for m in LINE.finditer(text):
+        phases = {}
+        for item in m["phases"].split(", "):
+            name, value = item.rsplit(" ", 1)
+            phases[name] = int(value)
+        rows.append({"what": m["what"], "shape": m["shape"], "phases": phases, "total": int(m["total"])})
+    return rows
+
+
+def measure(T: int, B: int, I: int, S: int, dtype: torch.dtype, path: str) -> Optional[list[dict]]:
+    """One forward and backward of the layer on `path` after a warm-up pass;
+    the phase lines of the timed pass (None where the path cannot run)."""
+    cfg = cases.Config(batch_size=B, features=I, state_size=S, seq=T, device=torch.device("cuda"), dtype=dtype, seed=0)
+    _set_path(path)
+    try:
+        case = cases.seq_case("fused", cfg)
+        case.backward(case.forward())
+        torch.cuda.synchronize()
+        text = _capture_stdout(lambda: case.backward(case.forward()))
+    except RuntimeError as err:
+        if "allows no time loop" not in str(err):
+            raise
+        return None
+    finally:
+        _set_path("auto")
+    # One line per launch (one per wave): keep the first of each direction.
+    seen: dict[str, dict] = {}
+    for row in parse(text):
+        seen.setdefault(row["what"].split()[0], row)
+    return list(seen.values())
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--sizes", default="16x32x128,64x256,256x128")
+    ap.add_argument("--paths", default="auto,cluster-fma,cluster-mma,grid,grid-mma")
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    ap.add_argument("--tf32", action="store_true", help="allow TF32 (float32 on the MMA dot)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("step_phases: no CUDA device")
+        return 1
+    for p in args.paths.split(","):
+        if p not in PATHS or p in ("loop", "nocluster"):
+            ap.error(f"--paths: {p} is not a persistent path of seq_sweep.PATHS")
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    dtype = DTYPES[args.dtype]
+    # kHz in the runtime's device properties, where this torch exposes it
+    ghz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) / 1e6 or None
+    print(
+        f"step phases, {torch.cuda.get_device_name()}, torch {torch.__version__}, T={args.steps}, {args.dtype}"
+        f"{' (TF32 allowed)' if args.tf32 else ''}; cycles per step (thread 0 of CTA 0)"
+        + (f", ns at {ghz:.3f} GHz" if ghz else "")
+    )
+    any_line = False
+    for size in args.sizes.split(","):
+        dims = [int(v) for v in size.split("x")]
+        B, I, S = (dims[0], dims[1], dims[1]) if len(dims) == 2 else dims
+        for path in args.paths.split(","):
+            rows = measure(args.steps, B, I, S, dtype, path)
+            if rows is None:
+                print(f"{B}x{I}x{S} {path}: cannot run")
+                continue
+            if not rows:
+                print(f"{B}x{I}x{S} {path}: no persistent kernel ran (the loop)")
+                continue
+            any_line = True
+            for row in rows:
+                phases = " | ".join(f"{k} {v}" for k, v in row["phases"].items())
+                ns = f" = {row['total'] / ghz:.0f} ns" if ghz else ""
+                print(f"{B}x{I}x{S} {path:12s} {row['what']:17s} {row['shape']}: {phases} | total {row['total']}{ns}")
+    if not any_line:
+        print("step_phases: no phase lines; is this a profiling build (LLTM_STEP_CLOCKS=1 at build time)?")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
