@@ -23,6 +23,9 @@
 #   bench     lltm bench --device cuda at the issue's sizes, float32 and bfloat16
 #   benchseq  lltm bench --seq T --device cuda at the layer targets' sizes
 #   memory    python -m lltm.bench.conv_bn_memory --device cuda (fused Conv2d+BatchNorm2d)
+#   phases    (not in the default list) a profiling build (LLTM_STEP_CLOCKS=1), then
+#             python -m lltm.bench.step_phases at T=1000 in float32, TF32 and bfloat16:
+#             cycles per phase of a persistent kernel's step; rebuilds without the clocks after
 #   compile   lltm train --compile against eager (charlm, hidden 256, batch 64, seq 128):
 #             python -m lltm.bench.train_step (steady steps interleaved, the modes' costliest
 #             ops), then two real runs whose summaries give warm-up and steady state apart
@@ -199,6 +202,15 @@ EOF
           --steps 300 --eval-every 300 --device cuda --no-plot --quiet --out "$OUT/train${compile:+-compile}" $compile
       done
       grep -E "^lltm train step|^ +(mode|eager|default|reduce-overhead) \||^\| lltm" "$OUT/compile.log" >>"$SUMMARY"
+      ;;
+    phases)
+      LLTM_STEP_CLOCKS=1 run_stage phases "${BUILD_LIMIT:-480}" "$PYTHON" setup.py -q build_ext --inplace
+      for args in "" "--tf32" "--dtype bfloat16"; do
+        run_stage phases 180 "$PYTHON" -m lltm.bench.step_phases --steps 1000 \
+          --sizes "${PHASE_SIZES:-16x32x128,64x256,256x128}" --paths "${PHASE_PATHS:-auto,cluster-fma,grid}" $args
+      done
+      grep -E "^step phases|total" "$OUT/phases.log" | grep -v "^lltm step" >>"$SUMMARY"
+      run_stage phases "${BUILD_LIMIT:-480}" "$PYTHON" setup.py -q build_ext --inplace
       ;;
     *)
       echo "gpu_check: unknown stage $stage" | tee -a "$SUMMARY"
