@@ -166,10 +166,6 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return remote;
 }
 
-// The two mbarriers of the cluster exchange (one per buffer parity) sit in
-// the first bytes of every persistent kernel's dynamic shared memory.
-constexpr int kHeaderBytes = 16;
-
 template <typename T>
 struct ClusterExchange {
   // One store of the slice to another CTA, at parity 0: the source word(s)

@@ -38,7 +38,6 @@ namespace cuda_detail {
 namespace {
 
 constexpr int kMaxThreads = 256;  // the persistent kernels' __launch_bounds__
-constexpr int kHeaderBytes = 16;  // the kernels' shared memory starts with the exchange's two mbarriers
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -56,6 +56,11 @@ enum class SeqPath { kCluster, kGrid, kLoop };
 // kernels' accumulators per warp.
 constexpr int kMaxMmaRows = 64;
 
+// Bytes at the start of a persistent kernel's dynamic shared memory that
+// hold the cluster exchange's two mbarriers (one per buffer parity); the
+// split's smem counts them.
+constexpr int kHeaderBytes = 16;
+
 const char* path_name(SeqPath path);
 
 // The work split of one persistent launch (same fields for both kernels and
