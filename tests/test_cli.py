@@ -444,3 +444,23 @@ def test_step_phases_reads_the_kernels_phase_lines():
     assert parse("nothing here\n") == []
     got = _capture_stdout(lambda: os.write(1, b"from fd 1\n"), sync=False)
     assert got == "from fd 1\n"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--sizes", "16x"], "--sizes: '16x' is not BxS or BxIxS"),
+        (["--sizes", "16x0x128"], "--sizes: '16x0x128' is not BxS or BxIxS"),
+        (["--paths", "loop"], "--paths: 'loop' is not a persistent path"),
+        (["--paths", "cluster,fast"], "--paths: 'fast' is not a persistent path"),
+    ],
+)
+def test_step_phases_bad_arguments_are_clear_errors(capsys, args, message):
+    """A malformed size or a path without a persistent kernel is a usage
+    error naming the argument, on any machine (checked before the GPU)."""
+    from lltm.bench.step_phases import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err

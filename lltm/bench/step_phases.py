@@ -98,12 +98,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--tf32", action="store_true", help="allow TF32 (float32 on the MMA dot)")
     args = ap.parse_args(argv)
+    persistent = [p for p in PATHS if p not in ("loop", "nocluster")]
+    for p in args.paths.split(","):
+        if p not in persistent:
+            ap.error(f"--paths: {p!r} is not a persistent path; use a comma-separated subset of {','.join(persistent)}")
+    sizes = []
+    for size in args.sizes.split(","):
+        dims = size.split("x")
+        if len(dims) not in (2, 3) or not all(d.isdigit() and int(d) > 0 for d in dims):
+            ap.error(f"--sizes: {size!r} is not BxS or BxIxS with positive whole numbers (e.g. 16x32x128,64x256)")
+        B, I, S = (int(dims[0]), int(dims[1]), int(dims[1])) if len(dims) == 2 else map(int, dims)
+        sizes.append((B, I, S))
     if not torch.cuda.is_available():
         print("step_phases: no CUDA device")
         return 1
-    for p in args.paths.split(","):
-        if p not in PATHS or p in ("loop", "nocluster"):
-            ap.error(f"--paths: {p} is not a persistent path of seq_sweep.PATHS")
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     dtype = DTYPES[args.dtype]
     # kHz in the runtime's device properties, where this torch exposes it
@@ -114,9 +122,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         + (f", ns at {ghz:.3f} GHz" if ghz else "")
     )
     any_line = False
-    for size in args.sizes.split(","):
-        dims = [int(v) for v in size.split("x")]
-        B, I, S = (dims[0], dims[1], dims[1]) if len(dims) == 2 else dims
+    for B, I, S in sizes:
         for path in args.paths.split(","):
             rows = measure(args.steps, B, I, S, dtype, path)
             if rows is None:
