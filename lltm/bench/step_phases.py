@@ -6,7 +6,7 @@ loads), read from clock64 by thread 0 of the first CTA of each launch.
 Needs a profiling build (the kernels print the phases only there):
 
     LLTM_STEP_CLOCKS=1 TORCH_CUDA_ARCH_LIST=9.0 pip install --no-build-isolation -e .
-    python -m lltm.bench.step_phases [--steps 1000] [--sizes 16x128,64x256] [--paths cluster,grid]
+    python -m lltm.bench.step_phases [--steps 1000] [--sizes 16x128,64x256] [--paths auto,cluster-fma,grid]
         [--dtype float32] [--tf32]
 
 A size is BxS (input features I = S, or BxIxS). A path is a
