@@ -19,9 +19,11 @@ from lltm.reference import lltm_reference
 
 from .test_seq import NAMES, _check, _outputs_and_grads, _rel_err, check_graph_capture_and_replay, make_seq
 
-# "cluster" and "grid" run their FMA dot (every dtype); "-mma" their
-# tensor-core dot (half types, and float32 as TF32: _use_path allows TF32).
-PATHS = ["cluster", "grid", "loop"]
+# "cluster" and "grid" run their FMA dot (every dtype), with W_h in
+# registers where the planner finds it fits (float32), "-smem" the
+# FMA dot with W_h in shared memory; "-mma" their tensor-core dot (half
+# types, and float32 as TF32: _use_path allows TF32).
+PATHS = ["cluster", "grid", "loop", "cluster-smem", "grid-smem"]
 MMA_PATHS = ["cluster-mma", "grid-mma"]
 # The relative error allowed float32 on TF32 (10 mantissa bits: ~1e-3).
 TF32_TOL = 5e-3
@@ -52,7 +54,7 @@ def _use_path(monkeypatch, path):
     if dot == "mma" and torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("no tensor-core MMA before sm_80")
     monkeypatch.setenv("LLTM_SEQ_PATH", name)
-    monkeypatch.setenv("LLTM_SEQ_DOT", dot or "fma")
+    monkeypatch.setenv("LLTM_SEQ_DOT", {"": "fma", "smem": "fma-smem", "regs": "fma-regs"}.get(dot, dot))
     if dot == "mma":
         monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
         return TF32_TOL
@@ -283,6 +285,32 @@ def test_bad_settings_are_clear_errors(monkeypatch):
     monkeypatch.setenv("LLTM_SEQ_PATH", "grid")
     with pytest.raises(RuntimeError, match="no tensor-core dot for float64"):
         functional.lltm(*[a.double() for a in args], backend="fused")
+    monkeypatch.setenv("LLTM_SEQ_DOT", "fma-regs")
+    for dtype in (torch.bfloat16, torch.float64):
+        with pytest.raises(RuntimeError, match="fma-regs: W_h in registers for float32 only"):
+            functional.lltm(*[a.to(dtype) for a in args], backend="fused")
+    monkeypatch.setenv("LLTM_SEQ_GROUP", "1")
+    with pytest.raises(RuntimeError, match="fma-regs: W_h in registers needs two or more CTAs per chunk"):
+        functional.lltm(*args, backend="fused")
+
+
+def test_fma_dot_keeps_w_h_in_registers_where_it_fits(monkeypatch):
+    """Strict float32 at B = 16, S = 128 runs the FMA dot with W_h's slice
+    in registers in both directions (the plan says w=regs); forced where a
+    lane would hold more than its registers take (S = 2048: 512 chunks of a
+    row over 16 lanes), the error names the setting; the
+    shared-memory form stays available (fma-smem)."""
+    monkeypatch.setenv("LLTM_SEQ_PATH", "grid")
+    monkeypatch.setenv("LLTM_SEQ_GROUP", "8")  # one candidate: 16 units a CTA, 16 lanes a unit
+    for backward in (False, True):
+        assert "dot=fma w=regs" in _plan(backward, 100, 16, 128).splitlines()[1]
+    monkeypatch.setenv("LLTM_SEQ_DOT", "fma-smem")
+    for backward in (False, True):
+        assert "dot=fma w=smem" in _plan(backward, 100, 16, 128).splitlines()[1]
+    monkeypatch.setenv("LLTM_SEQ_DOT", "fma-regs")
+    args = make_seq(1, 1, 1, 2048, device="cuda", dtype=torch.float32, requires_grad=False)
+    with pytest.raises(RuntimeError, match="grid: W_h's slice does not fit in the registers"):
+        functional.lltm(*args, backend="fused")
 
 
 @pytest.mark.parametrize("path", ["cluster", "grid"])

@@ -35,8 +35,10 @@ PATHS = {
     "cluster8": ("cluster", "8", "fma"),
     "cluster16": ("cluster", "16", "fma"),
     "cluster-fma": ("cluster", None, "fma"),
+    "cluster-smem": ("cluster", None, "fma-smem"),  # the FMA dot with W_h in shared memory
     "cluster-mma": ("cluster", None, "mma"),
     "grid": ("grid", None, "fma"),
+    "grid-smem": ("grid", None, "fma-smem"),
     "grid-mma": ("grid", None, "mma"),
     "loop": ("loop", None, None),
     "nocluster": ("grid,loop", None, None),  # what a GPU without clusters gets

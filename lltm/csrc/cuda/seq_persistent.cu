@@ -586,21 +586,21 @@ struct StepClocks {
     last = now;
   }
   __device__ void report(const char* what, Names names, int64_t steps, int rows, int units, int group,
-                         bool mma) const {
+                         const char* dot) const {
     if (!on || steps <= 0) return;
     long long total = 0;
     for (int i = 0; i < kPhases; ++i) total += sum[i];
     printf(
         "lltm step clocks: %s group=%d units=%d rows=%d dot=%s steps=%lld cycles/step: %s %lld, %s %lld, "
         "%s %lld, %s %lld, %s %lld, %s %lld; total %lld\n",
-        what, group, units, rows, mma ? "mma" : "fma", static_cast<long long>(steps), names[0],
-        sum[0] / steps, names[1], sum[1] / steps, names[2], sum[2] / steps, names[3], sum[3] / steps,
-        names[4], sum[4] / steps, names[5], sum[5] / steps, total / steps);
+        what, group, units, rows, dot, static_cast<long long>(steps), names[0], sum[0] / steps, names[1],
+        sum[1] / steps, names[2], sum[2] / steps, names[3], sum[3] / steps, names[4], sum[4] / steps,
+        names[5], sum[5] / steps, total / steps);
   }
 #else
   __device__ void start() {}
   __device__ __forceinline__ void mark(int) {}
-  __device__ void report(const char*, Names, int64_t, int, int, int, bool) const {}
+  __device__ void report(const char*, Names, int64_t, int, int, int, const char*) const {}
 #endif
 };
 
@@ -610,12 +610,12 @@ __device__ __forceinline__ int mma_tile_offset(int elems, int elem_bytes) {
   return (elems * elem_bytes + 15) / 16 * 16;
 }
 
-template <typename scalar_t, int NB, bool kMma, template <typename> class Exchange>
+template <typename scalar_t, int NB, bool kMma, bool kRegW, template <typename> class Exchange>
 __global__ void __launch_bounds__(kMaxThreads)
     seq_forward_persistent_kernel(const ForwardParams<scalar_t> p) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int V = 16 / sizeof(scalar_t);           // elements per 16-byte chunk
-  constexpr bool kFastMath = sizeof(scalar_t) == 2;  // the cell's fast activations for half types
+  constexpr bool kFastMath = sizeof(scalar_t) <= 4;  // the cell's fast activations (float math)
   constexpr bool kCluster = std::is_same_v<Exchange<scalar_t>, ClusterExchange<scalar_t>>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // No clusters (or MMA, below sm_80) in this build's code for the device:
@@ -655,6 +655,22 @@ __global__ void __launch_bounds__(kMaxThreads)
   const Group grp = my_group<NB>(s, p.ks, (p.rows + NB - 1) / NB * NB);
   const int j = grp.j;
   const int chunks = (S + V - 1) / V;
+  // The FMA dot with W_h in registers (kRegW; the planner left it out of
+  // shared memory): lane ks holds chunks ks + m KS of its unit's three gate
+  // rows, zero past S (threads that are not working hold unit j0's).
+  Pack<scalar_t, V> w_r[3][kRegW ? kRegChunks : 1];
+  if constexpr (kRegW) {
+#pragma unroll
+    for (int i = 0; i < 3; ++i) {
+      const scalar_t* w_row = p.w + (int64_t(i) * S + j) * p.w_ld;
+#pragma unroll
+      for (int m = 0; m < kRegChunks; ++m) {
+        const int k0 = (grp.ks + m * grp.KS) * V;
+#pragma unroll
+        for (int v = 0; v < V; ++v) w_r[i][m].val[v] = k0 + v < S ? w_row[k0 + v] : scalar_t(0);
+      }
+    }
+  }
   // Per row of the group: in range, its length, its carried c.
   bool valid[NB];
   int64_t length[NB];
@@ -671,13 +687,22 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int i = 0; i < 3; ++i) {
     bias[i] = (grp.working && p.bias != nullptr) ? static_cast<acc_t>(p.bias[i * S + j]) : acc_t(0);
   }
+  // Element offsets of row n's unit j at step 0 in (T, B, 3S) and (T, B, S);
+  // step t adds t times one step's elements.
+  const int64_t gates_step = p.batch * S3, out_step = p.batch * S;
+  int64_t at_gates[NB], at_out[NB];
+#pragma unroll
+  for (int n = 0; n < NB; ++n) {
+    at_gates[n] = (s.b0 + grp.r0 + n) * S3 + j;
+    at_out[n] = (s.b0 + grp.r0 + n) * S + j;
+  }
   // The pre-activations x_t W_x^T of step t, loaded one step ahead.
   acc_t z[3][NB];
   auto load_z = [&](int64_t t) {
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
       const bool live = valid[n] && t < length[n];
-      const scalar_t* g = p.gates + (t * p.batch + s.b0 + grp.r0 + n) * S3 + j;
+      const scalar_t* g = p.gates + t * gates_step + at_gates[n];
 #pragma unroll
       for (int i = 0; i < 3; ++i) z[i][n] = live ? static_cast<acc_t>(g[i * S]) : acc_t(0);
     }
@@ -712,6 +737,31 @@ __global__ void __launch_bounds__(kMaxThreads)
           }
         }
       }
+    } else if constexpr (kRegW) {
+      const scalar_t* hb = h_cur + grp.r0 * row;
+#pragma unroll
+      for (int m = 0; m < kRegChunks; ++m) {
+        const int k = grp.ks + m * grp.KS;
+        if (k >= chunks) break;
+        acc_t wv[3][V];
+#pragma unroll
+        for (int i = 0; i < 3; ++i) {
+#pragma unroll
+          for (int v = 0; v < V; ++v) wv[i][v] = static_cast<acc_t>(w_r[i][m].val[v]);
+        }
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+          acc_t hv[V];
+          load_pack<acc_t, scalar_t, V>(hb + n * row + k * V, hv);
+#pragma unroll
+          for (int v = 0; v < V; ++v) {
+#pragma unroll
+            for (int i = 0; i < 3; ++i) acc[i * NB + n] += wv[i][v] * hv[v];
+          }
+        }
+      }
+      clk.mark(0);
+      group_sum(acc, grp.KS);
     } else {
       const scalar_t* w0 = w_s + grp.jj * row;
       const scalar_t* hb = h_cur + grp.r0 * row;
@@ -766,10 +816,10 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int n = 0; n < NB; ++n) {
         if (!valid[n] || n % grp.KS != grp.ks) continue;
         const int64_t b = s.b0 + grp.r0 + n;
-        scalar_t* g = p.gates + (t * p.batch + b) * S3 + j;
+        scalar_t* g = p.gates + t * gates_step + at_gates[n];
 #pragma unroll
         for (int i = 0; i < 3; ++i) g[i * S] = gate_out[i][n];
-        p.output[(t * p.batch + b) * S + j] = y_out[n];
+        p.output[t * out_step + at_out[n]] = y_out[n];
         if (last) {
           p.h_n[b * S + j] = h_out[n];
           p.c_n[b * S + j] = static_cast<scalar_t>(c[n]);
@@ -784,15 +834,17 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
   clk.report(kCluster ? "forward cluster" : "forward grid",
              {"dot", "reduce", "cell+put", "arrive", "stores+loads", "wait"}, p.steps, p.rows, J, p.group,
-             kMma);
+             kMma    ? "mma"
+             : kRegW ? "fma-regs"
+                     : "fma-smem");
 }
 
-template <typename scalar_t, int NB, bool kMma, template <typename> class Exchange>
+template <typename scalar_t, int NB, bool kMma, bool kRegW, template <typename> class Exchange>
 __global__ void __launch_bounds__(kMaxThreads)
     seq_backward_persistent_kernel(const BackwardParams<scalar_t> p) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int V = 16 / sizeof(scalar_t);
-  constexpr bool kFastMath = sizeof(scalar_t) == 2;
+  constexpr bool kFastMath = sizeof(scalar_t) <= 4;
   constexpr bool kCluster = std::is_same_v<Exchange<scalar_t>, ClusterExchange<scalar_t>>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   if constexpr (kCluster || (kMma && __CUDA_ARCH__ < 800)) {  // see the forward kernel
@@ -814,8 +866,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 
   // wt_s[g][jj][k] = W_h[g S + k][j0 + jj]: this CTA's columns of W_h as
   // rows (read with jj fastest, so consecutive threads read consecutive
-  // addresses of W).
-  for (int e = threadIdx.x; e < 3 * J * row; e += blockDim.x) {
+  // addresses of W); none with W_h in registers (w_rows = 0).
+  for (int e = threadIdx.x; e < (kRegW ? 0 : 3 * J * row); e += blockDim.x) {
     const int jj = e % J, gk = e / J;
     const int k = gk % row, g = gk / row;
     wt_s[(g * J + jj) * row + k] =
@@ -829,6 +881,22 @@ __global__ void __launch_bounds__(kMaxThreads)
   const Group grp = my_group<NB>(s, p.ks, (p.rows + NB - 1) / NB * NB);
   const int j = grp.j;
   const int chunks = (S + V - 1) / V;
+  // W_h's column j in registers (kRegW, see the forward kernel): chunks
+  // ks + m KS of its three gate segments, w_r[g][m][v] = W_h[g S + k][j].
+  Pack<scalar_t, V> w_r[3][kRegW ? kRegChunks : 1];
+  if constexpr (kRegW) {
+#pragma unroll
+    for (int i = 0; i < 3; ++i) {
+      const scalar_t* w_col = p.w + int64_t(i) * S * p.w_ld + j;
+#pragma unroll
+      for (int m = 0; m < kRegChunks; ++m) {
+        const int k0 = (grp.ks + m * grp.KS) * V;
+#pragma unroll
+        for (int v = 0; v < V; ++v)
+          w_r[i][m].val[v] = k0 + v < S ? w_col[int64_t(k0 + v) * p.w_ld] : scalar_t(0);
+      }
+    }
+  }
   bool valid[NB];
   int64_t length[NB];
   acc_t dh[NB], dc[NB];  // the carried gradients of h_t and c_t
@@ -843,13 +911,21 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
   // What step t reads from global memory, loaded one step ahead: c_t, the
   // activated gates and the output's gradient.
+  // Element offsets as in the forward kernel.
+  const int64_t gates_step = p.batch * S3, out_step = p.batch * S;
+  int64_t at_gates[NB], at_out[NB];
+#pragma unroll
+  for (int n = 0; n < NB; ++n) {
+    at_gates[n] = (s.b0 + grp.r0 + n) * S3 + j;
+    at_out[n] = (s.b0 + grp.r0 + n) * S + j;
+  }
   acc_t cell_t[NB], gate_t[3][NB], gout_t[NB];
   auto load_step = [&](int64_t t) {
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
       const bool live = valid[n] && t < length[n];
-      const int64_t e = (t * p.batch + s.b0 + grp.r0 + n) * S + j;
-      const scalar_t* g = p.gates + (t * p.batch + s.b0 + grp.r0 + n) * S3 + j;
+      const int64_t e = t * out_step + at_out[n];
+      const scalar_t* g = p.gates + t * gates_step + at_gates[n];
       cell_t[n] = live ? static_cast<acc_t>(p.cells[e]) : acc_t(0);
       gout_t[n] = live && p.grad_output != nullptr ? static_cast<acc_t>(p.grad_output[e]) : acc_t(0);
 #pragma unroll
@@ -895,7 +971,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
         if (!valid[n] || n % grp.KS != grp.ks) continue;
-        scalar_t* dp = p.d_pre + (t * p.batch + s.b0 + grp.r0 + n) * S3 + j;
+        scalar_t* dp = p.d_pre + t * gates_step + at_gates[n];
 #pragma unroll
         for (int i = 0; i < 3; ++i) dp[i * S] = d_out[i][n];
       }
@@ -922,6 +998,34 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
         for (int n = 0; n < NB; ++n) acc[n] = tile_sum(tile, grp.jj, grp.r0 + n, p.mtiles, Bp / 8, p.ksplit);
       }
+    } else if constexpr (kRegW) {
+      // One chain per gate and row (three times shorter), added at the end.
+      acc_t part[3][NB];
+#pragma unroll
+      for (int i = 0; i < 3; ++i) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n) part[i][n] = acc_t(0);
+      }
+#pragma unroll
+      for (int m = 0; m < kRegChunks; ++m) {
+        const int k = grp.ks + m * grp.KS;
+        if (k >= chunks) break;
+#pragma unroll
+        for (int i = 0; i < 3; ++i) {
+          const scalar_t* xb = x_cur + (grp.r0 * 3 + i) * row + k * V;
+#pragma unroll
+          for (int n = 0; n < NB; ++n) {
+            acc_t xv[V];
+            load_pack<acc_t, scalar_t, V>(xb + n * 3 * row, xv);
+#pragma unroll
+            for (int v = 0; v < V; ++v) part[i][n] += static_cast<acc_t>(w_r[i][m].val[v]) * xv[v];
+          }
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < NB; ++n) acc[n] = part[0][n] + part[1][n] + part[2][n];
+      clk.mark(4);
+      group_sum(acc, grp.KS);
     } else {
 #pragma unroll
       for (int i = 0; i < 3; ++i) {
@@ -950,7 +1054,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
   clk.report(kCluster ? "backward cluster" : "backward grid",
              {"cell+put", "arrive", "stores+loads", "wait", "dot", "reduce"}, p.steps, p.rows, J, p.group,
-             kMma);
+             kMma    ? "mma"
+             : kRegW ? "fma-regs"
+                     : "fma-smem");
   // The gradients of the initial state.
 #pragma unroll
   for (int n = 0; n < NB; ++n) {
@@ -966,39 +1072,44 @@ __global__ void __launch_bounds__(kMaxThreads)
 template <typename Params>
 using Kernel = void (*)(Params);
 
-template <typename scalar_t, bool kBackward, int NB, bool kMma, template <typename> class Exchange>
+template <typename scalar_t, bool kBackward, int NB, bool kMma, bool kRegW,
+          template <typename> class Exchange>
 constexpr auto kernel_instance() {
   if constexpr (kBackward) {
-    return &seq_backward_persistent_kernel<scalar_t, NB, kMma, Exchange>;
+    return &seq_backward_persistent_kernel<scalar_t, NB, kMma, kRegW, Exchange>;
   } else {
-    return &seq_forward_persistent_kernel<scalar_t, NB, kMma, Exchange>;
+    return &seq_forward_persistent_kernel<scalar_t, NB, kMma, kRegW, Exchange>;
   }
 }
 
-template <typename scalar_t, bool kBackward, bool kMma>
+template <typename scalar_t, bool kBackward, bool kMma, bool kRegW>
 auto kernel_for_dot(SeqPath path, int per_thread) {
   const bool cluster = path == SeqPath::kCluster;
   switch (per_thread) {
     case 4:
-      return cluster ? kernel_instance<scalar_t, kBackward, 4, kMma, ClusterExchange>()
-                     : kernel_instance<scalar_t, kBackward, 4, kMma, GridExchange>();
+      return cluster ? kernel_instance<scalar_t, kBackward, 4, kMma, kRegW, ClusterExchange>()
+                     : kernel_instance<scalar_t, kBackward, 4, kMma, kRegW, GridExchange>();
     case 2:
-      return cluster ? kernel_instance<scalar_t, kBackward, 2, kMma, ClusterExchange>()
-                     : kernel_instance<scalar_t, kBackward, 2, kMma, GridExchange>();
+      return cluster ? kernel_instance<scalar_t, kBackward, 2, kMma, kRegW, ClusterExchange>()
+                     : kernel_instance<scalar_t, kBackward, 2, kMma, kRegW, GridExchange>();
     default:
-      return cluster ? kernel_instance<scalar_t, kBackward, 1, kMma, ClusterExchange>()
-                     : kernel_instance<scalar_t, kBackward, 1, kMma, GridExchange>();
+      return cluster ? kernel_instance<scalar_t, kBackward, 1, kMma, kRegW, ClusterExchange>()
+                     : kernel_instance<scalar_t, kBackward, 1, kMma, kRegW, GridExchange>();
   }
 }
 
 // The instantiation for a path, NB batch rows per thread group and the dot
-// (double has no MMA kernels).
+// (double has no MMA kernels; the MMA dot keeps W_h in shared memory, and
+// so does every dtype but float: seq_plan.h's kRegChunks).
 template <typename scalar_t, bool kBackward>
-auto kernel_for(SeqPath path, int per_thread, bool mma) {
+auto kernel_for(SeqPath path, int per_thread, bool mma, bool w_regs) {
   if constexpr (!std::is_same_v<scalar_t, double>) {
-    if (mma) return kernel_for_dot<scalar_t, kBackward, true>(path, per_thread);
+    if (mma) return kernel_for_dot<scalar_t, kBackward, true, false>(path, per_thread);
   }
-  return kernel_for_dot<scalar_t, kBackward, false>(path, per_thread);
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (w_regs) return kernel_for_dot<scalar_t, kBackward, false, true>(path, per_thread);
+  }
+  return kernel_for_dot<scalar_t, kBackward, false, false>(path, per_thread);
 }
 
 // The virtual architecture the running device's code of `kernel` was
@@ -1101,7 +1212,8 @@ DeviceLimits device_limits(int device) {
     (void)cudaGetLastError();
   }
   auto arch = [&](SeqPath path, bool mma) {
-    return code_arch(reinterpret_cast<const void*>(kernel_for<scalar_t, kBackward>(path, 1, mma)), device);
+    return code_arch(reinterpret_cast<const void*>(kernel_for<scalar_t, kBackward>(path, 1, mma, false)),
+                     device);
   };
   d.cluster_kernels = prop->major >= 9 && arch(SeqPath::kCluster, false) >= 90;
   d.grid_kernels = prop->cooperativeLaunch != 0 && arch(SeqPath::kGrid, false) > 0;
@@ -1129,8 +1241,8 @@ const Decision& decide(const Problem& problem, int device) {
   }
   const DeviceLimits limits = device_limits<scalar_t, kBackward>(device);
   const ResidentChunks resident = [&](SeqPath path, const Split& split) {
-    return resident_chunks(kernel_for<scalar_t, kBackward>(path, split.per_thread, split.mma), path, split,
-                           device, limits.smem_per_block, limits.sms);
+    return resident_chunks(kernel_for<scalar_t, kBackward>(path, split.per_thread, split.mma, split.w_regs),
+                           path, split, device, limits.smem_per_block, limits.sms);
   };
   Decision decision = plan_time_loop(problem, limits, resident);
   const std::lock_guard<std::mutex> lock(mutex);
@@ -1180,7 +1292,8 @@ bool launch(const Params& base, const at::Tensor& like) {
     params.exchange = exchange.mutable_data_ptr<scalar_t>();
     params.arrivals = reinterpret_cast<unsigned*>(arrivals.mutable_data_ptr<int>());
   }
-  const Kernel<Params> kernel = kernel_for<scalar_t, kBackward>(plan.path, split.per_thread, split.mma);
+  const Kernel<Params> kernel =
+      kernel_for<scalar_t, kBackward>(plan.path, split.per_thread, split.mma, split.w_regs);
   // One launch per wave of chunks, in turn on the stream (chunks are
   // independent; every CTA of a launch is resident at once).
   for (int64_t chunk0 = 0; chunk0 < split.chunks; chunk0 += split.per_wave) {

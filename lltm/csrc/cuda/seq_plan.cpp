@@ -45,10 +45,12 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 struct Allowed {
   bool cluster = true, grid = true, loop = true;
-  bool fma = true, mma = true;  // LLTM_SEQ_DOT: the persistent kernels' dot
-  bool forced = false;          // exactly one path named: it must run
-  int cluster_size = 0;         // LLTM_SEQ_CLUSTER, 0: the planner's choice
-  int grid_group = 0;           // LLTM_SEQ_GROUP, 0: the planner's choice
+  // LLTM_SEQ_DOT: the persistent kernels' dot (FMA with W_h in registers or
+  // in shared memory, or MMA)
+  bool fma_regs = true, fma_smem = true, mma = true;
+  bool forced = false;   // exactly one path named: it must run
+  int cluster_size = 0;  // LLTM_SEQ_CLUSTER, 0: the planner's choice
+  int grid_group = 0;    // LLTM_SEQ_GROUP, 0: the planner's choice
 };
 
 int read_size(const char* name, int lo, int hi) {
@@ -68,10 +70,11 @@ Allowed read_environment() {
   const char* dot = std::getenv("LLTM_SEQ_DOT");
   if (dot != nullptr && *dot != '\0') {
     const std::string d(dot);
-    TORCH_CHECK(d == "fma" || d == "mma", "LLTM_SEQ_DOT=", dot,
-                " is not a dot of the persistent kernels: use fma (CUDA cores) or mma (tensor cores), "
-                "or leave it unset");
-    a.fma = d == "fma";
+    TORCH_CHECK(d == "fma" || d == "fma-regs" || d == "fma-smem" || d == "mma", "LLTM_SEQ_DOT=", dot,
+                " is not a dot of the persistent kernels: use fma (CUDA cores; fma-regs / fma-smem: "
+                "W_h in registers / in shared memory) or mma (tensor cores), or leave it unset");
+    a.fma_regs = d == "fma" || d == "fma-regs";
+    a.fma_smem = d == "fma" || d == "fma-smem";
     a.mma = d == "mma";
   }
   const char* text = std::getenv("LLTM_SEQ_PATH");
@@ -102,16 +105,21 @@ Allowed read_environment() {
 
 // ------------------------------------------------------------------ split
 
+// A persistent split's dot: FMA with W_h's slice in registers or in shared
+// memory, or tensor-core MMA.
+enum class Dot { kFmaRegs, kFmaSmem, kMma };
+
 // The MMA dot's k step (m16n8k16 for half types, m16n8k8 for TF32), and the
 // k steps of one step's products (backward: three segments, one per gate).
 int64_t mma_kstep(const Problem& p) { return p.elem == 2 ? 16 : 8; }
 int64_t mma_ksteps(const Problem& p) { return (p.backward ? 3 : 1) * ceil_div(p.state, mma_kstep(p)); }
 
 // The split with `group` CTAs per chunk, `rows` batch rows per chunk and
-// the FMA or MMA dot, or nothing where one CTA's threads or shared memory
-// cannot hold it.
+// the dot, or nothing where one CTA's threads, registers (W_h's chunks of a
+// lane) or shared memory cannot hold it.
 std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_t rows, size_t smem_limit,
-                               bool mma) {
+                               Dot dot) {
+  const bool mma = dot == Dot::kMma;
   const int V = 16 / p.elem;  // elements per 16-byte chunk
   int64_t units = ceil_div(p.state, group);
   // The cluster exchange moves 4-byte words: a CTA's columns start at a
@@ -138,6 +146,8 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
   if (pairs > kMaxThreads) return std::nullopt;
   int ks = 32;
   while (ks > 1 && (pairs * ks > kMaxThreads || ks > k_chunks)) ks /= 2;
+  // W_h in registers: a lane holds chunks ks, ks + KS, ... of its unit's rows.
+  if (dot == Dot::kFmaRegs && ceil_div(k_chunks, ks) > kRegChunks) return std::nullopt;
   int64_t row;
   if (mma) {
     // k padded to the MMA's k step; a row stride of 4 words mod 8 puts the 8
@@ -159,7 +169,7 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
   const int threads = mma ? kMaxThreads
                           : static_cast<int>(std::min<int64_t>(
                                 kMaxThreads, std::max<int64_t>(32, ceil_div(pairs * ks, 32) * 32)));
-  int64_t w_rows = 3 * units;
+  int64_t w_rows = dot == Dot::kFmaRegs ? 0 : 3 * units;
   int64_t scratch = 0;  // MMA: the float tile of partial sums, [ksplit][mtiles 16][padded + 1]
   if (mma) {
     // A: forward the 3 J rows of W_h, backward J rows (columns of W_h) in
@@ -176,6 +186,7 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
   s.rows_padded = static_cast<int>(padded);
   s.chunks = static_cast<int>(ceil_div(p.batch, rows));
   s.per_thread = nb;
+  s.w_regs = dot == Dot::kFmaRegs;
   s.ks = ks;
   s.threads = threads;
   s.row = static_cast<int>(row);
@@ -188,15 +199,21 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
 // the SMs suggest (or fewer rows per chunk, where those do not fit), to as
 // many rows per chunk as one wave needs (more rows need more shared memory),
 // each with its waves.
-std::vector<Split> splits(const Problem& p, SeqPath path, int group, bool mma, const DeviceLimits& d,
+std::vector<Split> splits(const Problem& p, SeqPath path, int group, Dot dot, const DeviceLimits& d,
                           const ResidentChunks& resident, std::string& why) {
+  const bool mma = dot == Dot::kMma;
   std::vector<Split> out;
+  if (dot == Dot::kFmaRegs && group == 1) {  // see seq_plan.h
+    why = "LLTM_SEQ_DOT=fma-regs: W_h in registers needs two or more CTAs per chunk";
+    return out;
+  }
   int64_t rows = ceil_div(p.batch, std::max<int64_t>(1, d.sms / std::max(1, group)));
   // Fewer rows per chunk (in more waves) where the guess does not fit.
-  while (rows > 1 && !split_for(p, path, group, rows, d.smem_per_block, mma)) rows = ceil_div(rows, 2);
-  why = "W_h's slice and the exchanged rows do not fit in one CTA";
+  while (rows > 1 && !split_for(p, path, group, rows, d.smem_per_block, dot)) rows = ceil_div(rows, 2);
+  why = dot == Dot::kFmaRegs ? "W_h's slice does not fit in the registers of one CTA (LLTM_SEQ_DOT=fma-regs)"
+                             : "W_h's slice and the exchanged rows do not fit in one CTA";
   for (int attempt = 0; attempt < 8; ++attempt) {
-    std::optional<Split> s = split_for(p, path, group, rows, d.smem_per_block, mma);
+    std::optional<Split> s = split_for(p, path, group, rows, d.smem_per_block, dot);
     if (!s) break;
     const int fit = resident(path, *s);
     if (fit <= 0) {
@@ -247,11 +264,11 @@ struct Model {
   // The MMA dot, fitted to the forced cluster / grid MMA and FMA times of
   // the bf16 and TF32 sweeps (docs/benchmarks.md): the constants that pick
   // the faster dot most often over those 64 (point, path, direction) pairs.
-  double mma_chain = 60;          // a k step's fragment loads and MMA, on the same accumulators
-  double mma_pipe = 4;            // a tensor core busy per m16n8k8 TF32 / m16n8k16 half MMA
-  double mma_step_offset = -250;  // the tile's round trip, less what the fixed terms above
-                                  // hold for the FMA splits' rows
-  double cell_row_cycles = 750;   // one more batch row per thread: its cell math, exchange, stores
+  double mma_chain = 60;         // a k step's fragment loads and MMA, on the same accumulators
+  double mma_pipe = 4;           // a tensor core busy per m16n8k8 TF32 / m16n8k16 half MMA
+  double mma_step_offset = 0;    // the tile's round trip, less what the fixed terms above
+                                 // hold for the FMA splits' rows
+  double cell_row_cycles = 750;  // one more batch row per thread: its cell math, exchange, stores
 };
 
 const Model kModel;
@@ -284,10 +301,13 @@ double persistent_step_cycles(const Problem& p, SeqPath path, const Split& s) {
   const int nb = s.per_thread;
   const double convert = p.elem == 2 ? 1.0 : 0.0;  // half types widen every element
   // Per thread: forward reads 3 W chunks + NB h chunks per k chunk and does 3 NB V FMAs;
-  // backward, per gate, 1 W chunk + NB d_pre chunks and NB V FMAs.
-  const double loads = p.backward ? 3.0 * iters * (1 + nb) : iters * (3 + nb);
+  // backward, per gate, 1 W chunk + NB d_pre chunks and NB V FMAs. W_h's
+  // chunks in registers need no loads (half types still widen them).
+  const double w_chunks = 3.0 * iters;
+  const double x_chunks = (p.backward ? 3.0 : 1.0) * iters * nb;
+  const double loads = (s.w_regs ? 0.0 : w_chunks) + x_chunks;
   const double fmas = 3.0 * iters * V * nb;
-  const double instr = loads * (1 + convert * V) + fmas * (p.is_double ? 2.0 : 1.0);
+  const double instr = loads + convert * V * (w_chunks + x_chunks) + fmas * (p.is_double ? 2.0 : 1.0);
   const double warps_per_scheduler = std::ceil(s.threads / 32.0 / 4.0);
   const double issue = kModel.issue_factor * instr * warps_per_scheduler;
   const double smem = s.threads * loads * 16.0 / 128.0;
@@ -350,11 +370,15 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
   Decision out;
   // The cheapest split of `group` CTAs per chunk, or why there is none.
   // Dots: FMA, and MMA where the dtype, device and build have it.
-  std::vector<bool> dots;
-  if (allowed.fma) dots.push_back(false);
-  if (allowed.mma && p.mma_dot() && d.mma_kernels) dots.push_back(true);
-  // Why a persistent path has no split when no dot is left (LLTM_SEQ_DOT=mma).
-  const char* no_dot = p.is_double ? "LLTM_SEQ_DOT=mma: no tensor-core dot for float64"
+  std::vector<Dot> dots;
+  // W_h in registers for float32 only (seq_plan.h).
+  if (allowed.fma_regs && p.elem == 4) dots.push_back(Dot::kFmaRegs);
+  if (allowed.fma_smem) dots.push_back(Dot::kFmaSmem);
+  if (allowed.mma && p.mma_dot() && d.mma_kernels) dots.push_back(Dot::kMma);
+  // Why a persistent path has no split when no dot is left (LLTM_SEQ_DOT=mma
+  // or fma-regs).
+  const char* no_dot = allowed.fma_regs ? "LLTM_SEQ_DOT=fma-regs: W_h in registers for float32 only"
+                       : p.is_double    ? "LLTM_SEQ_DOT=mma: no tensor-core dot for float64"
                        : !p.mma_dot()
                            ? "LLTM_SEQ_DOT=mma: float32 runs on tensor cores only with TF32 allowed "
                              "(torch.backends.cuda.matmul.allow_tf32 = True)"
@@ -364,8 +388,8 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
     best.path = path;
     best.split.group = group;
     best.why_not = no_dot;  // splits() replaces it with its own reason
-    for (const bool mma : dots) {
-      for (const Split& s : splits(p, path, group, mma, d, resident, best.why_not)) {
+    for (const Dot dot : dots) {
+      for (const Split& s : splits(p, path, group, dot, d, resident, best.why_not)) {
         Plan plan;
         plan.path = path;
         plan.split = s;
@@ -442,7 +466,10 @@ std::string describe(const Problem& p, const Decision& decision) {
       const Split& s = c.split;
       os << " units=" << s.units << " rows=" << s.rows << " chunks=" << s.chunks << " waves=" << s.waves
          << " nb=" << s.per_thread << " ks=" << s.ks << " threads=" << s.threads << " smem=" << s.smem
-         << " dot=" << (s.mma ? "mma" : "fma");
+         << " dot="
+         << (s.mma      ? "mma"
+             : s.w_regs ? "fma w=regs"
+                        : "fma w=smem");
       if (s.mma) os << " mtiles=" << s.mtiles << " ksplit=" << s.ksplit;
     }
     os << " model_us=" << c.cost_us;

@@ -26,7 +26,9 @@
 // The persistent kernels compute the recurrent products one of two ways
 // (the dot of a split): FMA chains on the CUDA cores, each thread group
 // reducing its k range with shuffles (every dtype; float32 stays strict
-// fp32), or warp-level tensor-core MMA (mma.sync, sm_80+) into a small
+// fp32), with W_h's slice in registers (each lane holds its k chunks of its
+// unit's rows for the whole loop, where they fit: at most kRegChunks chunks
+// a lane) or in shared memory, or warp-level tensor-core MMA (mma.sync, sm_80+) into a small
 // shared-memory tile: bf16 / fp16 inputs, and float32 on TF32 where the
 // user allowed it (torch.backends.cuda.matmul.allow_tf32); accumulation is
 // float in every case. (Strict float32 as 3xTF32 was measured and left out:
@@ -37,8 +39,8 @@
 // without clusters takes: "grid,loop"): a comma-separated subset of
 // cluster, grid, loop; a single name forces that path and is an error where
 // it cannot run. LLTM_SEQ_CLUSTER=N (1..16) fixes the cluster size,
-// LLTM_SEQ_GROUP=N the CTAs per grid group, and LLTM_SEQ_DOT=fma|mma the
-// persistent kernels' dot.
+// LLTM_SEQ_GROUP=N the CTAs per grid group, and LLTM_SEQ_DOT the persistent
+// kernels' dot: fma (either place of W_h), fma-regs, fma-smem or mma.
 #pragma once
 
 #include <cstddef>
@@ -55,6 +57,15 @@ enum class SeqPath { kCluster, kGrid, kLoop };
 // Batch rows of one chunk with the MMA dot: 8 tiles of 8 rows, the
 // kernels' accumulators per warp.
 constexpr int kMaxMmaRows = 64;
+
+// 16-byte chunks of W_h's rows one lane of the FMA dot holds in registers
+// (3 gates x 4 words x kRegChunks registers), the kernels' compile-time bound.
+// The planner offers W_h in registers for float32 only and with two or more
+// CTAs per chunk: half types would widen twice as many floats into
+// registers, and in float64 with one CTA per chunk (S = 45, 11 rows, 4
+// lanes a unit) the kernels hung on an H200 in a way not yet understood
+// (docs/benchmarks.md); float64 keeps W_h in shared memory.
+constexpr int kRegChunks = 8;
 
 // Bytes at the start of a persistent kernel's dynamic shared memory that
 // hold the cluster exchange's two mbarriers (one per buffer parity); the
@@ -84,9 +95,10 @@ struct Split {
   // CTA's units (forward, 3 J rows) or its columns (backward, J rows, three
   // k segments), 16 rows a tile; B = the exchanged rows, 8 batch rows a tile.
   bool mma = false;
-  int mtiles = 0;  // 16-row tiles of A
-  int ksplit = 0;  // warps splitting the k range of one tile (partial sums added in order)
-  int w_rows = 0;  // rows of W_h's slice in shared memory (past 3 J: read by the last tile, unused)
+  bool w_regs = false;  // FMA dot: W_h's slice in registers (w_rows = 0), not in shared memory
+  int mtiles = 0;       // 16-row tiles of A
+  int ksplit = 0;       // warps splitting the k range of one tile (partial sums added in order)
+  int w_rows = 0;       // rows of W_h's slice in shared memory (past 3 J: read by the last tile, unused)
 };
 
 struct Plan {
