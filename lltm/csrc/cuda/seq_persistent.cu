@@ -6,8 +6,9 @@
 // never wait on each other; inside a group:
 //
 //   forward, step t: each CTA computes the three gate rows of its units for
-//   its batch rows from W_h's rows (resident in its shared memory for all T
-//   steps) and h_{t-1} (a full copy in its shared memory), finishes the cell
+//   its batch rows from W_h's rows (resident for all T steps in its shared
+//   memory, or, with the FMA dot in float32, spread over its lanes'
+//   registers) and h_{t-1} (a full copy in its shared memory), finishes the cell
 //   math of its units itself (c stays in registers in float), writes output
 //   and gates, and publishes its slice of h_t to the other CTAs; one group
 //   barrier per step, during which the next step's input projection loads.
