@@ -738,38 +738,10 @@ __global__ void __launch_bounds__(kMaxThreads)
           }
         }
       }
-    } else if constexpr (kRegW) {
-      const scalar_t* hb = h_cur + grp.r0 * row;
-#pragma unroll
-      for (int m = 0; m < kRegChunks; ++m) {
-        const int k = grp.ks + m * grp.KS;
-        if (k >= chunks) break;
-        acc_t wv[3][V];
-#pragma unroll
-        for (int i = 0; i < 3; ++i) {
-#pragma unroll
-          for (int v = 0; v < V; ++v) wv[i][v] = static_cast<acc_t>(w_r[i][m].val[v]);
-        }
-#pragma unroll
-        for (int n = 0; n < NB; ++n) {
-          acc_t hv[V];
-          load_pack<acc_t, scalar_t, V>(hb + n * row + k * V, hv);
-#pragma unroll
-          for (int v = 0; v < V; ++v) {
-#pragma unroll
-            for (int i = 0; i < 3; ++i) acc[i * NB + n] += wv[i][v] * hv[v];
-          }
-        }
-      }
-      clk.mark(0);
-      group_sum(acc, grp.KS);
     } else {
-      const scalar_t* w0 = w_s + grp.jj * row;
       const scalar_t* hb = h_cur + grp.r0 * row;
-      for (int k = grp.ks; k < chunks; k += grp.KS) {
-        acc_t wv[3][V];
-#pragma unroll
-        for (int i = 0; i < 3; ++i) load_pack<acc_t, scalar_t, V>(w0 + i * J * row + k * V, wv[i]);
+      // The products of one k chunk: W's three gate rows (wv) times each row's h chunk.
+      auto add_chunk = [&](int k, const acc_t(&wv)[3][V]) {
 #pragma unroll
         for (int n = 0; n < NB; ++n) {
           acc_t hv[V];
@@ -779,6 +751,28 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
             for (int i = 0; i < 3; ++i) acc[i * NB + n] += wv[i][v] * hv[v];
           }
+        }
+      };
+      if constexpr (kRegW) {
+#pragma unroll
+        for (int m = 0; m < kRegChunks; ++m) {
+          const int k = grp.ks + m * grp.KS;
+          if (k >= chunks) break;
+          acc_t wv[3][V];
+#pragma unroll
+          for (int i = 0; i < 3; ++i) {
+#pragma unroll
+            for (int v = 0; v < V; ++v) wv[i][v] = static_cast<acc_t>(w_r[i][m].val[v]);
+          }
+          add_chunk(k, wv);
+        }
+      } else {
+        const scalar_t* w0 = w_s + grp.jj * row;
+        for (int k = grp.ks; k < chunks; k += grp.KS) {
+          acc_t wv[3][V];
+#pragma unroll
+          for (int i = 0; i < 3; ++i) load_pack<acc_t, scalar_t, V>(w0 + i * J * row + k * V, wv[i]);
+          add_chunk(k, wv);
         }
       }
       clk.mark(0);

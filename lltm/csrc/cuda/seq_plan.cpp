@@ -267,7 +267,8 @@ struct Model {
   double mma_chain = 60;         // a k step's fragment loads and MMA, on the same accumulators
   double mma_pipe = 4;           // a tensor core busy per m16n8k8 TF32 / m16n8k16 half MMA
   double mma_step_offset = 0;    // the tile's round trip, less what the fixed terms above
-                                 // hold for the FMA splits' rows
+                                 // hold for the FMA splits' rows (-250 in the fit; 0 since the
+                                 // T = 1000 steps of docs/benchmarks.md sections 8-9)
   double cell_row_cycles = 750;  // one more batch row per thread: its cell math, exchange, stores
 };
 
