@@ -252,8 +252,15 @@ struct ClusterExchange {
   // exchange); thread 0 then arms the next phase of that mbarrier. Nothing
   // of exchange n + 2 can arrive earlier: every CTA sends it only after
   // exchange n + 1, which this CTA sends after this point.
+  //
+  // A CTA alone in its cluster (expected == 0) waits for nothing: arrive()'s
+  // barrier already put its own puts before the next step's reads. Arming
+  // there would complete the next phase at once, and a thread of this CTA
+  // still to test the phase that just ended would then wait for the one
+  // after it, which nobody completes: a hang, depending on warp timing.
   __device__ void wait(int parity, int64_t n) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (expected == 0) return;
     const uint32_t bar = bars + 8 * parity;
     const uint32_t phase = static_cast<uint32_t>(n >> 1) & 1u;
     asm volatile(

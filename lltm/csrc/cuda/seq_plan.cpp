@@ -203,10 +203,6 @@ std::vector<Split> splits(const Problem& p, SeqPath path, int group, Dot dot, co
                           const ResidentChunks& resident, std::string& why) {
   const bool mma = dot == Dot::kMma;
   std::vector<Split> out;
-  if (dot == Dot::kFmaRegs && group == 1) {  // see seq_plan.h
-    why = "LLTM_SEQ_DOT=fma-regs: W_h in registers needs two or more CTAs per chunk";
-    return out;
-  }
   int64_t rows = ceil_div(p.batch, std::max<int64_t>(1, d.sms / std::max(1, group)));
   // Fewer rows per chunk (in more waves) where the guess does not fit.
   while (rows > 1 && !split_for(p, path, group, rows, d.smem_per_block, dot)) rows = ceil_div(rows, 2);

