@@ -787,25 +787,28 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     clk.mark(1);
     if (grp.working) {
+      // Every row's cell math without branches (rows past their length, or
+      // past the chunk, select what they keep): the NB independent chains
+      // interleave instead of running one after the other.
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
-        if (!valid[n]) continue;
         const int r = grp.r0 + n;
-        if (t < length[n]) {
-          const CellForward<acc_t, kFastMath> cell(z[0][n] + bias[0] + acc[n],
-                                                   z[1][n] + bias[1] + acc[NB + n],
-                                                   z[2][n] + bias[2] + acc[2 * NB + n], c[n]);
-          c[n] = cell.new_cell;
-          h_out[n] = static_cast<scalar_t>(cell.new_h);
-          y_out[n] = h_out[n];
-          gate_out[0][n] = static_cast<scalar_t>(cell.input_gate);
-          gate_out[1][n] = static_cast<scalar_t>(cell.output_gate);
-          gate_out[2][n] = static_cast<scalar_t>(cell.candidate);
-        } else {  // past this row's length: zero gates and output, keep h, c
-          h_out[n] = h_cur[r * row + j];
-          y_out[n] = gate_out[0][n] = gate_out[1][n] = gate_out[2][n] = scalar_t(0);
+        const bool alive = t < length[n];  // false for rows past the chunk (length 0)
+        const CellForward<acc_t, kFastMath> cell(z[0][n] + bias[0] + acc[n], z[1][n] + bias[1] + acc[NB + n],
+                                                 z[2][n] + bias[2] + acc[2 * NB + n], c[n]);
+        // Past a row's length: zero gates and output, keep h and c.
+        c[n] = alive ? cell.new_cell : c[n];
+        h_out[n] = alive ? static_cast<scalar_t>(cell.new_h) : h_cur[r * row + j];
+        y_out[n] = alive ? h_out[n] : scalar_t(0);
+        gate_out[0][n] = alive ? static_cast<scalar_t>(cell.input_gate) : scalar_t(0);
+        gate_out[1][n] = alive ? static_cast<scalar_t>(cell.output_gate) : scalar_t(0);
+        gate_out[2][n] = alive ? static_cast<scalar_t>(cell.candidate) : scalar_t(0);
+      }
+      if (!last) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+          if (valid[n]) ex.put(next, grp.r0 + n, j, h_out[n], grp.ks, grp.KS);
         }
-        if (!last) ex.put(next, r, j, h_out[n], grp.ks, grp.KS);
       }
     }
     clk.mark(2);
@@ -944,26 +947,25 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int parity = t & 1;
     // d_pre_t of this group's unit and rows, published to every CTA.
     if (grp.working) {
+      // Every row without branches, as in the forward kernel.
+#pragma unroll
+      for (int n = 0; n < NB; ++n) {
+        const bool alive = t < length[n];  // false for rows past the chunk (length 0)
+        const CellBackward<acc_t, kFastMath> cell(dh[n] + gout_t[n], dc[n], cell_t[n], gate_t[0][n],
+                                                  gate_t[1][n], gate_t[2][n]);
+        d_out[0][n] = alive ? static_cast<scalar_t>(cell.d_input) : scalar_t(0);
+        d_out[1][n] = alive ? static_cast<scalar_t>(cell.d_output) : scalar_t(0);
+        d_out[2][n] = alive ? static_cast<scalar_t>(cell.d_candidate) : scalar_t(0);
+        dc[n] = alive ? cell.d_cell : dc[n];
+        // h_{t-1} reaches h_t only through the gates; past a row's length
+        // h_t = h_{t-1}, and dh carries over as it is.
+        dh[n] = alive ? acc_t(0) : dh[n];
+      }
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
         if (!valid[n]) continue;
-        const int r = grp.r0 + n;
-        acc_t d[3] = {acc_t(0), acc_t(0), acc_t(0)};
-        if (t < length[n]) {
-          const CellBackward<acc_t, kFastMath> cell(dh[n] + gout_t[n], dc[n], cell_t[n], gate_t[0][n],
-                                                    gate_t[1][n], gate_t[2][n]);
-          d[0] = cell.d_input;
-          d[1] = cell.d_output;
-          d[2] = cell.d_candidate;
-          dc[n] = cell.d_cell;
-          dh[n] = acc_t(0);  // h_{t-1} reaches h_t only through the gates
-        }
-        // Past a row's length h_t = h_{t-1}: dh carries over as it is.
 #pragma unroll
-        for (int i = 0; i < 3; ++i) {
-          d_out[i][n] = static_cast<scalar_t>(d[i]);
-          ex.put(parity, r * 3 + i, j, d_out[i][n], grp.ks, grp.KS);
-        }
+        for (int i = 0; i < 3; ++i) ex.put(parity, (grp.r0 + n) * 3 + i, j, d_out[i][n], grp.ks, grp.KS);
       }
     }
     clk.mark(0);
