@@ -612,6 +612,12 @@ struct StepClocks {
 #endif
 };
 
+// The dot a kernel runs, as the step clocks report it.
+template <bool kMma, bool kRegW>
+__device__ __forceinline__ const char* dot_name() {
+  return kMma ? "mma" : kRegW ? "fma-regs" : "fma-smem";
+}
+
 // The byte offset in a CTA's shared memory of the MMA dot's tile of partial
 // sums: past W_h's slice and the exchanged rows, 16-byte aligned.
 __device__ __forceinline__ int mma_tile_offset(int elems, int elem_bytes) {
@@ -839,9 +845,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
   clk.report(kCluster ? "forward cluster" : "forward grid",
              {"dot", "reduce", "cell+put", "arrive", "stores+loads", "wait"}, p.steps, p.rows, J, p.group,
-             kMma    ? "mma"
-             : kRegW ? "fma-regs"
-                     : "fma-smem");
+             dot_name<kMma, kRegW>());
 }
 
 template <typename scalar_t, int NB, bool kMma, bool kRegW, template <typename> class Exchange>
@@ -1058,9 +1062,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
   clk.report(kCluster ? "backward cluster" : "backward grid",
              {"cell+put", "arrive", "stores+loads", "wait", "dot", "reduce"}, p.steps, p.rows, J, p.group,
-             kMma    ? "mma"
-             : kRegW ? "fma-regs"
-                     : "fma-smem");
+             dot_name<kMma, kRegW>());
   // The gradients of the initial state.
 #pragma unroll
   for (int n = 0; n < NB; ++n) {
