@@ -114,7 +114,7 @@ def test_bench_sequence_mode(tmp_path, capsys):
 def test_bench_under_autocast(tmp_path, capsys):
     """--autocast: every row's forward under torch.autocast; the header and the JSON say so."""
     out_json = tmp_path / "ac.json"
-    argv = ["bench", "-b", "2", "-f", "3", "-s", "4", "--seq", "3", "--autocast", "bfloat16", "--rows", "aten,lstm"]
+    argv = ["bench", "-b", "2", "-f", "3", "-s", "4", "--seq", "3", "--autocast", "bfloat16", "--rows", "aten,python"]
     assert cli.main([*argv, *QUICK, "--json", str(out_json)]) == 0
     assert "float32 under autocast(bfloat16)" in capsys.readouterr().out
     assert json.loads(out_json.read_text())["meta"]["dtype"] == "float32 under autocast(bfloat16)"
@@ -322,18 +322,17 @@ def test_bench_on_a_gpu_marks_only_a_slower_timer():
     assert rows["lstm"].clocks_disagree
 
 
-def test_bench_rows_say_their_precision(monkeypatch):
+def test_bench_rows_say_their_precision(torch_settings):
     """Each row names what its float32 products run in, from the switches in force, and the footer
     compares like with like: fused strict against nn.LSTM strict, fused with TF32 against nn.LSTM's
     default (TF32 in cuDNN)."""
     from lltm.bench import cases, report
 
     cuda = cases.Config(batch_size=1, features=1, state_size=1, seq=2, device=torch.device("cuda"), dtype=torch.float32)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    torch_settings.set(matmul_tf32=False, cudnn_tf32=True)
     got = {n: cases.precision(n, cuda) for n in ("fused", "fused-tf32", "lstm", "lstm-notf32", "python")}
     assert got == {"fused": "fp32", "fused-tf32": "TF32", "lstm": "TF32", "lstm-notf32": "fp32", "python": "fp32"}
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    torch_settings.set(matmul_tf32=True)
     assert cases.precision("fused", cuda) == "TF32"
     bf16 = cases.Config(
         batch_size=1,

@@ -22,7 +22,7 @@ from .test_seq import NAMES, _check, _outputs_and_grads, _rel_err, check_graph_c
 # "cluster" and "grid" run their FMA dot (every dtype), with W_h in
 # registers where the planner finds it fits (float32), "-smem" the
 # FMA dot with W_h in shared memory; "-mma" their tensor-core dot (half
-# types, and float32 as TF32: _use_path allows TF32).
+# types, and float32 as TF32: use_path allows TF32).
 PATHS = ["cluster", "grid", "loop", "cluster-smem", "grid-smem"]
 MMA_PATHS = ["cluster-mma", "grid-mma"]
 # The relative error allowed float32 on TF32 (10 mantissa bits: ~1e-3).
@@ -43,22 +43,26 @@ def _cluster_kernels_here():
     return "no thread-block cluster kernels" not in _plan()
 
 
-def _use_path(monkeypatch, path):
-    """Forces the fused CUDA time loop `path` and its dot, and returns the
-    float32 tolerance of its results: "-mma" allows TF32 (skips "cluster"
-    where there are no cluster kernels: checked by
-    test_cluster_kernels_present_or_refused; "-mma" before sm_80)."""
-    name, _, dot = path.partition("-")
-    if name == "cluster" and not _cluster_kernels_here():
-        pytest.skip("no thread-block cluster kernels on this device or build")
-    if dot == "mma" and torch.cuda.get_device_capability()[0] < 8:
-        pytest.skip("no tensor-core MMA before sm_80")
-    monkeypatch.setenv("LLTM_SEQ_PATH", name)
-    monkeypatch.setenv("LLTM_SEQ_DOT", {"": "fma", "smem": "fma-smem", "regs": "fma-regs"}.get(dot, dot))
-    if dot == "mma":
-        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-        return TF32_TOL
-    return 1e-5
+@pytest.fixture
+def use_path(monkeypatch, torch_settings):
+    def use(path):
+        """Forces the fused CUDA time loop `path` and its dot, and returns the
+        float32 tolerance of its results: "-mma" allows TF32 (skips "cluster"
+        where there are no cluster kernels: checked by
+        test_cluster_kernels_present_or_refused; "-mma" before sm_80)."""
+        name, _, dot = path.partition("-")
+        if name == "cluster" and not _cluster_kernels_here():
+            pytest.skip("no thread-block cluster kernels on this device or build")
+        if dot == "mma" and torch.cuda.get_device_capability()[0] < 8:
+            pytest.skip("no tensor-core MMA before sm_80")
+        monkeypatch.setenv("LLTM_SEQ_PATH", name)
+        monkeypatch.setenv("LLTM_SEQ_DOT", {"": "fma", "smem": "fma-smem", "regs": "fma-regs"}.get(dot, dot))
+        if dot == "mma":
+            torch_settings.set(matmul_tf32=True)
+            return TF32_TOL
+        return 1e-5
+
+    return use
 
 
 # (T, B, I, S): units and batch rows that divide into no cluster, group or
@@ -84,10 +88,10 @@ def _shape_id(shape):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("variant", ["bias", "nobias", "lengths"])
-def test_paths_match_reference(monkeypatch, path, shape, variant):
+def test_paths_match_reference(monkeypatch, use_path, path, shape, variant):
     """Outputs and every gradient of each time loop against the float64
     reference."""
-    _use_path(monkeypatch, path)
+    use_path(path)
     T, B = shape[:2]
     args = make_seq(*shape, device="cuda", bias=variant != "nobias", seed=sum(shape))
     lengths = None
@@ -99,12 +103,12 @@ def test_paths_match_reference(monkeypatch, path, shape, variant):
 
 @pytest.mark.parametrize("path", MMA_PATHS)
 @pytest.mark.parametrize("shape", [(7, 5, 3, 17), (6, 33, 8, 70), (4, 64, 16, 256)], ids=_shape_id)
-def test_mma_paths_use_tf32_when_allowed(monkeypatch, path, shape):
+def test_mma_paths_use_tf32_when_allowed(monkeypatch, use_path, torch_settings, path, shape):
     """torch.backends.cuda.matmul.allow_tf32 = True: float32 on TF32 tensor
     cores (the plan says dot=mma), every output and gradient within
     TF32_TOL of the float64 reference; with TF32 off the tensor-core dot
     cannot be forced (strict float32 stays on the FMA units)."""
-    tol = _use_path(monkeypatch, path)
+    tol = use_path(path)
     T, B, _, S = shape
     assert all(" dot=mma " in _plan(bw, T, B, S) for bw in (False, True))
     args = make_seq(*shape, device="cuda", dtype=torch.float32, seed=11)
@@ -112,7 +116,7 @@ def test_mma_paths_use_tf32_when_allowed(monkeypatch, path, shape):
     ref = _outputs_and_grads(lltm_reference, [a.detach().double().requires_grad_() for a in args])
     for name, g, r in zip(("output", "h_n", "c_n") + NAMES, got, ref):
         assert _rel_err(g, r) <= tol, f"{name}: TF32 error {_rel_err(g, r):.2e}"
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    torch_settings.set(matmul_tf32=False)
     with pytest.raises(RuntimeError, match="float32 runs on tensor cores only with TF32 allowed"):
         functional.lltm(*args, backend="fused")
 
@@ -120,7 +124,7 @@ def test_mma_paths_use_tf32_when_allowed(monkeypatch, path, shape):
 @pytest.mark.parametrize("path", MMA_PATHS)
 @pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
-def test_mma_paths_half_precision_match_fma(monkeypatch, path, shape, dtype):
+def test_mma_paths_half_precision_match_fma(monkeypatch, use_path, path, shape, dtype):
     """Half types on tensor cores, every odd shape of SHAPES with lengths:
     outputs and every gradient as close to the float64 reference as the
     same path on the FMA units (within twice its error, plus 1e-3 where
@@ -131,7 +135,7 @@ def test_mma_paths_half_precision_match_fma(monkeypatch, path, shape, dtype):
     ref = _outputs_and_grads(lltm_reference, [a.detach().double().requires_grad_() for a in args], lengths)
     errors = {}
     for p, dot in ((path, "mma"), (path.split("-")[0], "fma")):
-        _use_path(monkeypatch, p)
+        use_path(p)
         assert all(f"dot={dot}" in _plan(bw, T, B, S, dtype) for bw in (False, True))
         got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args, lengths)
         assert all(torch.isfinite(g).all() for g in got)
@@ -141,10 +145,10 @@ def test_mma_paths_half_precision_match_fma(monkeypatch, path, shape, dtype):
 
 
 @pytest.mark.parametrize("cluster", ["1", "2", "3", "16"])
-def test_cluster_sizes(monkeypatch, cluster):
+def test_cluster_sizes(monkeypatch, use_path, cluster):
     """Every cluster size gives the reference's results: the unit split and
     the DSMEM exchange do not depend on it."""
-    _use_path(monkeypatch, "cluster")
+    use_path("cluster")
     monkeypatch.setenv("LLTM_SEQ_CLUSTER", cluster)
     args = make_seq(6, 11, 5, 45, device="cuda", seed=int(cluster))
     _check("fused", args, lengths=torch.tensor([6, 0, 3, 6, 1, 6, 5, 2, 6, 6, 4], device="cuda"))
@@ -152,13 +156,13 @@ def test_cluster_sizes(monkeypatch, cluster):
 
 @pytest.mark.parametrize("dot", ["fma-regs", "fma-smem"])
 @pytest.mark.parametrize("path", ["cluster", "grid"])
-def test_one_cta_per_chunk_float32(monkeypatch, path, dot):
+def test_one_cta_per_chunk_float32(monkeypatch, use_path, path, dot):
     """One CTA per batch chunk (cluster of 1, grid group of 1) with W_h in
     registers and in shared memory, float32, 30 launches: a CTA alone in
     its cluster waits for no other CTA's stores (an mbarrier armed for no
     bytes completes at once, which once let a lagging warp wait for the
     phase after: a hang that came and went with warp timing)."""
-    tol = _use_path(monkeypatch, path)
+    tol = use_path(path)
     monkeypatch.setenv("LLTM_SEQ_CLUSTER" if path == "cluster" else "LLTM_SEQ_GROUP", "1")
     monkeypatch.setenv("LLTM_SEQ_DOT", dot)
     args = make_seq(6, 11, 5, 45, device="cuda", dtype=torch.float32, seed=3)
@@ -175,10 +179,10 @@ def test_one_cta_per_chunk_float32(monkeypatch, path, dot):
 
 
 @pytest.mark.parametrize("group", ["1", "2", "3", "7", "45"])
-def test_grid_group_sizes(monkeypatch, group):
+def test_grid_group_sizes(monkeypatch, use_path, group):
     """Every grid group size (CTAs sharing one batch chunk through L2) gives
     the reference's results; 45 CTAs own one unit each."""
-    _use_path(monkeypatch, "grid")
+    use_path("grid")
     monkeypatch.setenv("LLTM_SEQ_GROUP", group)
     args = make_seq(6, 11, 5, 45, device="cuda", seed=int(group))
     _check("fused", args, lengths=torch.tensor([6, 0, 3, 6, 1, 6, 5, 2, 6, 6, 4], device="cuda"))
@@ -186,17 +190,17 @@ def test_grid_group_sizes(monkeypatch, group):
 
 @pytest.mark.parametrize("loss_on", ["output", "h_n", "c_n"])
 @pytest.mark.parametrize("path", PATHS)
-def test_paths_loss_on_one_output(monkeypatch, loss_on, path):
-    _use_path(monkeypatch, path)
+def test_paths_loss_on_one_output(monkeypatch, use_path, loss_on, path):
+    use_path(path)
     _check("fused", make_seq(8, 6, 5, 40, device="cuda", seed=2), loss_on=(loss_on,))
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_paths_long_float32(monkeypatch, path):
+def test_paths_long_float32(monkeypatch, use_path, path):
     """T = 1000 in float32: the error against float64 is at most twice that
     of the per-step PyTorch reference in float32 (the recurrence amplifies
     round-off over 1000 steps, in any implementation)."""
-    _use_path(monkeypatch, path)
+    use_path(path)
     args = make_seq(1000, 16, 32, 128, device="cuda", dtype=torch.float32, seed=4)
     got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args)
     plain = _outputs_and_grads(lltm_reference, args)
@@ -209,10 +213,10 @@ def test_paths_long_float32(monkeypatch, path):
 @pytest.mark.parametrize("path", PATHS + MMA_PATHS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("lengths", [None, [20, 3, 11, 0, 20, 7]], ids=["full", "lengths"])
-def test_paths_half_precision_within_twice_plain_pytorch(monkeypatch, path, dtype, lengths):
+def test_paths_half_precision_within_twice_plain_pytorch(monkeypatch, use_path, path, dtype, lengths):
     """The error against float64 is at most twice that of the per-step
     PyTorch reference run in the same dtype; every output is written."""
-    _use_path(monkeypatch, path)
+    use_path(path)
     args = make_seq(20, 6, 24, 72, device="cuda", dtype=dtype, seed=5)
     lens = None if lengths is None else torch.tensor(lengths, device="cuda")
     got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args, lens)
@@ -225,10 +229,10 @@ def test_paths_half_precision_within_twice_plain_pytorch(monkeypatch, path, dtyp
 
 
 @pytest.mark.parametrize("path", PATHS + MMA_PATHS)
-def test_paths_write_every_output(monkeypatch, path):
+def test_paths_write_every_output(monkeypatch, use_path, path):
     """Outputs come from the caching allocator poisoned with NaN first: every
     element of every output and gradient must be written."""
-    tol = _use_path(monkeypatch, path)
+    tol = use_path(path)
     args = make_seq(9, 5, 7, 33, device="cuda", dtype=torch.float32, seed=7)
     poison = torch.full((1 << 22,), float("nan"), device="cuda")
     del poison  # the freed block is handed out again, NaN-filled
@@ -240,10 +244,10 @@ def test_paths_write_every_output(monkeypatch, path):
 
 
 @pytest.mark.parametrize("path", PATHS + MMA_PATHS)
-def test_paths_in_a_users_cuda_graph(monkeypatch, path):
+def test_paths_in_a_users_cuda_graph(monkeypatch, use_path, path):
     """Forward and backward of a whole layer captured in the user's CUDA
     graph (no host synchronisation inside), replayed on new inputs."""
-    check_graph_capture_and_replay("fused", tol=_use_path(monkeypatch, path))
+    check_graph_capture_and_replay("fused", tol=use_path(path))
 
 
 @pytest.mark.parametrize("graphs", ["1", "0"], ids=["replay", "no-replay"])
@@ -335,10 +339,10 @@ def test_fma_dot_keeps_w_h_in_registers_where_it_fits(monkeypatch):
 
 
 @pytest.mark.parametrize("path", ["cluster", "grid"])
-def test_forced_path_that_cannot_run_is_a_clear_error(monkeypatch, path):
+def test_forced_path_that_cannot_run_is_a_clear_error(monkeypatch, use_path, path):
     """W_h of S = 2500 in float64 (150 MB) fits in no cluster and no grid:
     forcing either names the path and why; unforced, the loop runs."""
-    _use_path(monkeypatch, path)
+    use_path(path)
     args = make_seq(1, 1, 1, 2500, device="cuda", requires_grad=False)
     with pytest.raises(RuntimeError, match=f"allows no time loop that can run here: {path}: "):
         functional.lltm(*args, backend="fused")
