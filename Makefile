@@ -4,32 +4,37 @@
 #
 # `setup` installs torch only when none is importable (TORCH_SPEC pins the
 # CPU wheel of these machines; an existing CUDA build of torch is kept), the
-# tools the build and the tests use, lltm itself in editable mode (once; again
-# only when pyproject.toml or setup.py change), and then brings lltm._C up to
-# date in place: build_ext skips the build when no source or header is newer
-# than the library, and otherwise ninja recompiles only the changed objects
-# (kept in build/), so a second `make test` does not recompile anything.
+# build and test tools at the versions of requirements/dev.txt (one lock file
+# for every machine; `make test-latest` tries the newest releases), lltm itself
+# in editable mode without compiling (once per Python environment; again only
+# when pyproject.toml or setup.py change), and then compiles lltm._C in place:
+# build_ext skips the build when no source or header is newer than the
+# library, and otherwise ninja recompiles only the changed objects (kept in
+# build/), so the extension is compiled once on a fresh clone and a second
+# `make test` compiles nothing.
 
 PYTHON ?= python3
-PIP := $(PYTHON) -m pip
+PIP := $(PYTHON) -m pip --disable-pip-version-check
 TORCH_SPEC ?= torch==2.13.0
-# one clang-format for every machine (its output changes between versions)
-CLANG_FORMAT_VERSION := 21.1.8
+# What `deps` installs: the lock file, or (test-latest) the unpinned names.
+DEPS_FILE ?= requirements/dev.txt
 export MAX_JOBS ?= 2
 BENCH_ARGS ?=
-INSTALL_STAMP := build/.editable-install
+# One stamp per Python environment (a fresh venv installs lltm again).
+ENV_ID := $(shell $(PYTHON) -c "import hashlib, sys; print(hashlib.sha1(sys.prefix.encode()).hexdigest()[:12])")
+INSTALL_STAMP := build/.editable-install-$(ENV_ID)
+LATEST_VENV := build/venv-latest
 
-.PHONY: setup deps build bench test test-fast lint format check-cuda-compile gpu-check clean
+.PHONY: setup deps build bench test test-fast test-latest lint format check-cuda-compile gpu-check clean
 
 deps:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
-	@$(PYTHON) -c "import setuptools, wheel, ninja, tqdm, matplotlib, pytest, hypothesis, numpy, ruff, clang_format" \
-		2>/dev/null || $(PIP) install -q setuptools wheel ninja tqdm matplotlib pytest hypothesis numpy ruff \
-		"clang-format==$(CLANG_FORMAT_VERSION)"
+	$(PIP) install -q -r $(DEPS_FILE)
 
-# The editable install compiles lltm._C into lltm/ once; later builds are `build`'s.
+# The editable install registers the package only (LLTM_NO_EXTENSION=1): lltm._C
+# is compiled by `build`, once, with its objects in build/ for the next time.
 $(INSTALL_STAMP): pyproject.toml setup.py
-	$(PIP) install -q --no-build-isolation --no-deps -e .
+	LLTM_NO_EXTENSION=1 $(PIP) install -q --no-build-isolation --no-deps -e .
 	@mkdir -p $(dir $@) && touch $@
 
 build: deps $(INSTALL_STAMP)
@@ -45,6 +50,15 @@ bench: setup
 # headers (no GPU needed; skipped where there is no nvcc), then the whole suite.
 test: setup lint check-cuda-compile
 	$(PYTHON) -m pytest tests -q -rs
+
+# `make test` in a fresh virtual environment with the newest release of every
+# tool of requirements/dev.in (torch as TORCH_SPEC): dependency drift shows here
+# first. When it passes, requirements/dev.txt may take its versions.
+test-latest:
+	rm -rf $(LATEST_VENV)
+	$(PYTHON) -m venv $(LATEST_VENV)
+	$(MAKE) test PYTHON=$(CURDIR)/$(LATEST_VENV)/bin/python DEPS_FILE=requirements/dev.in
+	$(LATEST_VENV)/bin/python -m pip freeze --all
 
 test-fast: setup
 	$(PYTHON) -m pytest tests -q -rs -m "not slow"

@@ -8,6 +8,9 @@ Environment switches:
     DEBUG=1        -O0 -g (and -G for device code)
     LLTM_STEP_CLOCKS=1  profiling build: the persistent sequence kernels
                    print the mean cycles of each phase of a step
+    LLTM_NO_EXTENSION=1  install the Python package only (`make` does this for
+                   its editable install, then compiles lltm._C once in place
+                   with `setup.py build_ext --inplace`, objects kept in build/)
     MAX_JOBS, TORCH_CUDA_ARCH_LIST are read by torch.utils.cpp_extension;
     TORCH_CUDA_ARCH_LIST defaults to "8.0;8.6;8.9;9.0+PTX" (every supported
     GPU, PTX for newer ones).
@@ -46,6 +49,6 @@ def _extension():
 
 
 setup(
-    ext_modules=[_extension()],
+    ext_modules=[] if os.environ.get("LLTM_NO_EXTENSION") == "1" else [_extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension},
 )
