@@ -11,11 +11,11 @@ Backends: "python" (pure PyTorch), "aten" (C++ with ATen ops) and "fused"
 (hand-written kernels), the last two as torch.ops.lltm custom operators.
 """
 
-from lltm import _extension, functional
+from lltm import _extension, cells, functional
 from lltm._backends import backends
-from lltm.modules import LLTM, LLTMCell
+from lltm.modules import GRU, LLTM, LSTM, GRUCell, LLTMCell, LSTMCell
 
 __version__ = "0.1.0"
-__all__ = ["LLTM", "LLTMCell", "backends", "functional", "__version__"]
+__all__ = ["LLTM", "LLTMCell", "LSTM", "GRU", "LSTMCell", "GRUCell", "backends", "cells", "functional", "__version__"]
 
 _extension.preload_prebuilt()

@@ -224,3 +224,67 @@ def check_size(op: str, name: str, value: Any, minimum: int) -> None:
     """A module size (state_size, input_features, ...): an integer >= minimum."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{op}: {name} must be an integer of at least {minimum}, got {value!r}")
+
+
+def _rnn_lengths(op: str, lengths: Optional[Tensor], batch: int, input: Tensor) -> None:
+    if lengths is not None:
+        _rank(op, lengths, "lengths", 1, "(batch,)")
+        _sizes(op, lengths, "lengths", (batch,), "(batch,)")
+        if lengths.dtype != torch.int64:
+            raise TypeError(f"{op}: expected lengths of dtype Long (int64), but got {_dtype(lengths.dtype)}")
+        if lengths.device != input.device:
+            raise RuntimeError(
+                f"{op}: expected lengths on device {input.device} like input, "
+                f"but got {lengths.device} (move all arguments to one device)"
+            )
+
+
+def check_rnn_args(
+    op: str,
+    cell: Any,
+    input: Tensor,
+    weight_ih: Tensor,
+    weight_hh: Tensor,
+    bias_ih: Optional[Tensor],
+    bias_hh: Optional[Tensor],
+    state: Any,
+    lengths: Optional[Tensor] = None,
+) -> tuple[int, int, int, int]:
+    """Validates one layer of a seam cell (lltm.cells.Cell; time-major input (T, B, I), torch's
+    weight layout), as csrc/checks.cpp's check_rnn_forward_args does; returns (T, B, I, hidden_size)."""
+    _rank(op, input, "input", 3, "(seq_len, batch, input_size)")
+    _dtype_of_input(op, input)
+    rows = f"{cell.gates} * hidden_size"
+    _rank(op, weight_hh, "weight_hh", 2, f"({rows}, hidden_size)")
+    if weight_hh.shape[0] != cell.gates * weight_hh.shape[1]:
+        raise ValueError(
+            f"{op}: expected weight_hh of shape ({rows}, hidden_size) ({cell.name} has {cell.gates} gates), "
+            f"but got {_shape(weight_hh)}"
+        )
+    _like(op, weight_hh, "weight_hh", input)
+    _rank(op, weight_ih, "weight_ih", 2, f"({rows}, input_size)")
+    if weight_ih.shape[0] != weight_hh.shape[0]:
+        raise ValueError(
+            f"{op}: expected weight_ih of shape ({rows}, input_size) with {weight_hh.shape[0]} rows like "
+            f"weight_hh, but got {_shape(weight_ih)}"
+        )
+    if weight_ih.shape[1] != input.shape[-1]:
+        raise ValueError(
+            f"{op}: expected input with {weight_ih.shape[1]} input features (weight_ih.size(1)), "
+            f"but got input of shape {_shape(input)}"
+        )
+    _like(op, weight_ih, "weight_ih", input)
+    steps, batch, features = input.shape
+    hidden = weight_hh.shape[1]
+    for name, b in (("bias_ih", bias_ih), ("bias_hh", bias_hh)):
+        if b is not None:
+            _rank(op, b, name, 1, f"({rows},)")
+            _sizes(op, b, name, (cell.gates * hidden,), f"({rows},)")
+            _like(op, b, name, input)
+    if isinstance(state, Tensor) or not isinstance(state, (tuple, list)) or len(state) != cell.num_states:
+        got = type(state).__name__ + (f" of length {len(state)}" if isinstance(state, (tuple, list)) else "")
+        raise ValueError(f"{op}: expected state to hold {cell.num_states} tensor(s) ({cell.name}'s states), got {got}")
+    for k, s in enumerate(state):
+        _state(op, s, f"state[{k}]", batch, hidden, input)
+    _rnn_lengths(op, lengths, batch, input)
+    return steps, batch, features, hidden

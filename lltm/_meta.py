@@ -103,3 +103,9 @@ for _backend in COMPILED_BACKENDS:
     for _family, _factory in FAKES.items():
         _op = f"lltm::{_backend}_{_family}"
         torch.library.register_fake(_op)(_factory(_op))
+
+# The seam's cells (lltm.cells): their operators' fake kernels and autograd.
+from lltm import _seam, cells  # noqa: E402
+
+cells.check_compiled(torch.ops.lltm._compiled_cells())
+_seam.register(COMPILED_BACKENDS)

@@ -10,22 +10,23 @@ are the matching <backend>_*_backward operators.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from lltm import _backends, _extension
-from lltm._checks import bias_vector, check_cell_args, check_seq_args, check_tensors
-from lltm.reference import lltm_cell_reference, lltm_reference
+from lltm import _backends, _extension, cells
+from lltm._checks import bias_vector, check_cell_args, check_rnn_args, check_seq_args, check_tensors
+from lltm.reference import lltm_cell_reference, lltm_reference, rnn_reference
 
-__all__ = ["lltm_cell", "lltm"]
+__all__ = ["lltm_cell", "lltm", "rnn", "lstm", "gru"]
 
 
 _FORWARD_OPS: dict = {}  # (backend name, family) -> OpOverload, looked up once
 
 
 def _forward_op(name: str, family: str = "cell"):
+    """torch.ops.lltm.<name>_<family>_forward (family: "cell", "seq", or a seam cell's "<cell>_seq")."""
     if torch.compiler.is_compiling():
         # No cache writes while tracing: dynamo would guard on the dict.
         return getattr(torch.ops.lltm, f"{name}_{family}_forward").default
@@ -101,3 +102,83 @@ def lltm(
         return lltm_reference(input, weights, bias, h0, c0, lengths)
     output, h_n, c_n, _ = _forward_op(name, "seq")(input, weights, bias, h0, c0, lengths)
     return output, (h_n, c_n)
+
+
+def rnn(
+    cell: str,
+    input: Tensor,
+    weight_ih: Tensor,
+    weight_hh: Tensor,
+    bias_ih: Optional[Tensor],
+    bias_hh: Optional[Tensor],
+    state: Sequence[Tensor],
+    *,
+    lengths: Optional[Tensor] = None,
+    backend: str = "auto",
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """One layer of a seam cell (lltm.cells: "lstm", "gru") over a sequence, time-major.
+
+    input: (T, B, I); weight_ih: (G S, I); weight_hh: (G S, S); bias_ih,
+    bias_hh: (G S,) or None (torch's layout, G the cell's gates); state: the
+    cell's initial states, each (B, S), h first ((h0, c0) for "lstm", (h0,)
+    for "gru"); lengths: (B,) integer tensor or None, as for lltm().
+    Returns (output (T, B, S), final states).
+
+    The compiled backends run the layer as one operator
+    (torch.ops.lltm.<backend>_<cell>_seq_forward, one autograd node, any T);
+    "python" loops over the cell's reference step.
+    """
+    spec = cells.get(cell)
+    op_name = f"lltm.functional.rnn({cell!r})"
+    check_tensors(op_name, input=input, weight_ih=weight_ih, weight_hh=weight_hh)
+    if lengths is not None:
+        if not isinstance(lengths, Tensor) or lengths.is_floating_point() or lengths.is_complex():
+            raise TypeError(f"{op_name}: expected lengths to be an integer tensor of shape (batch,)")
+        lengths = lengths.to(device=input.device, dtype=torch.int64)
+    state = tuple(state) if isinstance(state, (tuple, list)) else state
+    name = _backends.resolve(backend, input.device.type, spec.op_family())
+    if name == "python":
+        check_rnn_args(op_name, spec, input, weight_ih, weight_hh, bias_ih, bias_hh, state, lengths)
+        return rnn_reference(spec.reference, input, weight_ih, weight_hh, bias_ih, bias_hh, state, lengths)
+    output, state_n, _ = _forward_op(name, spec.op_family())(
+        input, weight_ih, weight_hh, bias_ih, bias_hh, list(state), lengths
+    )
+    return output, tuple(state_n)
+
+
+def lstm(
+    input: Tensor,
+    weight_ih: Tensor,
+    weight_hh: Tensor,
+    bias_ih: Optional[Tensor],
+    bias_hh: Optional[Tensor],
+    h0: Tensor,
+    c0: Tensor,
+    *,
+    lengths: Optional[Tensor] = None,
+    backend: str = "auto",
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """One torch.nn.LSTM layer (gates i, f, g, o) over a sequence, time-major: rnn("lstm", ...).
+
+    input: (T, B, I); weight_ih: (4S, I); weight_hh: (4S, S); biases: (4S,) or None;
+    h0, c0: (B, S). Returns (output (T, B, S), (h_n, c_n))."""
+    return rnn("lstm", input, weight_ih, weight_hh, bias_ih, bias_hh, (h0, c0), lengths=lengths, backend=backend)
+
+
+def gru(
+    input: Tensor,
+    weight_ih: Tensor,
+    weight_hh: Tensor,
+    bias_ih: Optional[Tensor],
+    bias_hh: Optional[Tensor],
+    h0: Tensor,
+    *,
+    lengths: Optional[Tensor] = None,
+    backend: str = "auto",
+) -> tuple[Tensor, Tensor]:
+    """One torch.nn.GRU layer (gates r, z, n) over a sequence, time-major: rnn("gru", ...).
+
+    input: (T, B, I); weight_ih: (3S, I); weight_hh: (3S, S); biases: (3S,) or None;
+    h0: (B, S). Returns (output (T, B, S), h_n)."""
+    output, (h_n,) = rnn("gru", input, weight_ih, weight_hh, bias_ih, bias_hh, (h0,), lengths=lengths, backend=backend)
+    return output, h_n

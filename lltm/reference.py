@@ -13,11 +13,17 @@ One step (S = state_size, I = input_features; column order matters):
 
 A layer runs the step over time (lltm_reference); autograd derives the
 backward pass of both.
+
+The other cells of the seam (lltm.cells) have their step here too, with
+torch's weight layout (weight_ih (G S, I), weight_hh (G S, S), gate-major)
+and one signature, step(input, state, weight_ih, weight_hh, bias_ih, bias_hh)
+-> the next state (a tuple, h first); rnn_reference runs any of them over a
+sequence.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -76,3 +82,83 @@ def lltm_reference(
     if not outputs:
         return input.new_empty((0, h0.shape[0], h0.shape[1])), (h0, c0)
     return torch.stack(outputs), (h, c)
+
+
+States = tuple[Tensor, ...]
+
+
+def lstm_cell_reference(
+    input: Tensor,
+    state: Sequence[Tensor],
+    weight_ih: Tensor,
+    weight_hh: Tensor,
+    bias_ih: Optional[Tensor],
+    bias_hh: Optional[Tensor],
+) -> States:
+    """One step of torch.nn.LSTM's cell, gates (i, f, g, o).
+
+    input: (B, I); state: (h, c), each (B, S); weight_ih: (4S, I);
+    weight_hh: (4S, S); biases: (4S,) or None. Returns (h', c'):
+    c' = f c + i g, h' = o tanh(c').
+    """
+    h, c = state
+    z = F.linear(input, weight_ih, bias_ih) + F.linear(h, weight_hh, bias_hh)
+    i, f, g, o = z.chunk(4, dim=1)
+    new_c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(new_c), new_c
+
+
+def gru_cell_reference(
+    input: Tensor,
+    state: Sequence[Tensor],
+    weight_ih: Tensor,
+    weight_hh: Tensor,
+    bias_ih: Optional[Tensor],
+    bias_hh: Optional[Tensor],
+) -> States:
+    """One step of torch.nn.GRU's cell, gates (r, z, n).
+
+    input: (B, I); state: (h,) (B, S); weight_ih: (3S, I); weight_hh: (3S, S);
+    biases: (3S,) or None. Returns (h',): n = tanh(x W_in + b_in + r (h W_hn
+    + b_hn)), h' = (1 - z) n + z h.
+    """
+    (h,) = state
+    x_r, x_z, x_n = F.linear(input, weight_ih, bias_ih).chunk(3, dim=1)
+    h_r, h_z, h_n = F.linear(h, weight_hh, bias_hh).chunk(3, dim=1)
+    r = torch.sigmoid(x_r + h_r)
+    z = torch.sigmoid(x_z + h_z)
+    n = torch.tanh(x_n + r * h_n)
+    return ((1 - z) * n + z * h,)
+
+
+def rnn_reference(
+    step: Callable[..., States],
+    input: Tensor,
+    weight_ih: Tensor,
+    weight_hh: Tensor,
+    bias_ih: Optional[Tensor],
+    bias_hh: Optional[Tensor],
+    state: Sequence[Tensor],
+    lengths: Optional[Tensor] = None,
+) -> tuple[Tensor, States]:
+    """One layer of a seam cell over a sequence, time-major, one `step` at a time.
+
+    input: (T, B, I); state: the initial states, each (B, S), h first;
+    lengths: (B,) int64 or None. Row b takes steps t < lengths[b]: its output
+    is 0 after them and its states stay. Returns (output (T, B, S), final
+    states).
+    """
+    state = tuple(state)
+    outputs = []
+    for t in range(input.shape[0]):
+        new = step(input[t], state, weight_ih, weight_hh, bias_ih, bias_hh)
+        if lengths is None:
+            state = tuple(new)
+            outputs.append(new[0])
+        else:
+            inside = (lengths > t).unsqueeze(1)
+            state = tuple(torch.where(inside, n, s) for n, s in zip(new, state))
+            outputs.append(torch.where(inside, new[0], torch.zeros_like(new[0])))
+    if not outputs:
+        return input.new_empty((0, state[0].shape[0], state[0].shape[1])), state
+    return torch.stack(outputs), state

@@ -212,13 +212,16 @@ def test_unavailable_backend_names_available_ones():
 
 
 def test_module_input_rank():
+    """3-D batched and 2-D unbatched input (nn.LSTM's conventions); anything else is a clear error."""
     with pytest.raises(
         ValueError,
-        match=r"lltm.LLTM: expected input to be a 3-D tensor \(seq_len, batch, input_size\) or a PackedSequence, but got \[4, 3\]",
+        match=r"lltm.LLTM: expected input to be a 3-D tensor \(seq_len, batch, input_size\), a 2-D tensor \(seq_len, input_size\) \(unbatched\) or a PackedSequence, but got \[4\]",
     ):
-        lltm.LLTM(3, 5)(torch.randn(4, 3))
+        lltm.LLTM(3, 5)(torch.randn(4))
     with pytest.raises(ValueError, match=r"\(batch, seq_len, input_size\)"):
-        lltm.LLTM(3, 5, batch_first=True)(torch.randn(4, 3))
+        lltm.LLTM(3, 5, batch_first=True)(torch.randn(1, 4, 3, 2))
+    with pytest.raises(TypeError, match=r"lltm.LLTM: expected input to be a torch.Tensor .* but got list"):
+        lltm.LLTM(3, 5)([[1.0, 2.0, 3.0]])
 
 
 def test_module_state_shape():

@@ -151,3 +151,20 @@ def test_bad_sizes_are_clear_errors():
         lltm.LLTM(3, 0)
     with pytest.raises(ValueError, match=r"expected input with input_size = 3 features, but got 4"):
         lltm.LLTM(3, 5)(torch.randn(4, 2, 4))
+
+
+def test_nn_lstm_positional_order_unbatched_input_and_flatten_parameters():
+    """lltm.LLTM takes nn.LSTM's positional arguments (input_size, hidden_size, num_layers, bias,
+    batch_first, dropout, bidirectional), 2-D unbatched input like nn.LSTM, and flatten_parameters()."""
+    m = lltm.LLTM(10, 20, 2, False, True, 0.1, True)
+    assert (m.num_layers, m.bias, m.batch_first, m.dropout, m.bidirectional) == (2, False, True, 0.1, True)
+    assert m.bias_l0 is None
+    m.eval().flatten_parameters()
+    x = torch.randn(7, 10)
+    out, (h, c) = m(x)
+    batched, (hb, cb) = m(x.unsqueeze(0))  # batch_first: (1, T, I)
+    assert out.shape == (7, 40) and h.shape == c.shape == (4, 20)
+    torch.testing.assert_close(out, batched[0])
+    torch.testing.assert_close((h, c), (hb[:, 0], cb[:, 0]))
+    out2, _ = m(x, (h, c))  # unbatched states (num_layers * D, S)
+    assert out2.shape == (7, 40)

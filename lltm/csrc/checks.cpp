@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include "lltm.h"
+#include "rnn.h"
 
 namespace lltm {
 namespace {
@@ -171,6 +172,105 @@ void check_seq_backward_args(const char* op, const std::optional<at::Tensor>& gr
   check_rank(op, gates, "gates", 3, "(seq_len, batch, 3 * state_size)");
   check_shape(op, gates, "gates", {steps, batch, 3 * state}, "(seq_len, batch, 3 * state_size)");
   check_like(op, gates, "gates", input, "input");
+  check_lengths(op, lengths, batch, input);
+}
+
+}  // namespace lltm
+
+// ---------------------------------------------------------------- the seam's cells
+
+namespace lltm {
+namespace {
+
+// "(G * hidden_size, input_size)" with G spelled out, for messages.
+std::string gate_rows(const CellShape& cell) { return std::to_string(cell.gates) + " * hidden_size"; }
+
+void check_rnn_weights(const char* op, const CellShape& cell, const at::Tensor& input, const at::Tensor& w_ih,
+                       const at::Tensor& w_hh) {
+  const std::string rows = gate_rows(cell);
+  const std::string ih = "(" + rows + ", input_size)", hh = "(" + rows + ", hidden_size)";
+  check_rank(op, w_hh, "weight_hh", 2, hh.c_str());
+  TORCH_CHECK_VALUE(w_hh.size(0) == cell.gates * w_hh.size(1), op, ": expected weight_hh of shape ", hh, " (",
+                    cell.name, " has ", cell.gates, " gates), but got ", w_hh.sizes());
+  check_like(op, w_hh, "weight_hh", input, "input");
+  check_rank(op, w_ih, "weight_ih", 2, ih.c_str());
+  TORCH_CHECK_VALUE(w_ih.size(0) == w_hh.size(0), op, ": expected weight_ih of shape ", ih, " with ",
+                    w_hh.size(0), " rows like weight_hh, but got ", w_ih.sizes());
+  TORCH_CHECK_VALUE(w_ih.size(1) == input.size(-1), op, ": expected input with ", w_ih.size(1),
+                    " input features (weight_ih.size(1)), but got input of shape ", input.sizes());
+  check_like(op, w_ih, "weight_ih", input, "input");
+}
+
+void check_rnn_bias(const char* op, const CellShape& cell, const OptTensor& bias, const char* name,
+                    int64_t hidden, const at::Tensor& input) {
+  if (!bias.has_value() || !bias->defined()) return;
+  const std::string layout = "(" + gate_rows(cell) + ",)";
+  check_rank(op, *bias, name, 1, layout.c_str());
+  check_shape(op, *bias, name, {cell.gates * hidden}, layout.c_str());
+  check_like(op, *bias, name, input, "input");
+}
+
+void check_rnn_state(const char* op, const CellShape& cell, at::TensorList state, const char* name,
+                     int64_t batch, int64_t hidden, const at::Tensor& input) {
+  TORCH_CHECK_VALUE(static_cast<int>(state.size()) == cell.states, op, ": expected ", name, " to hold ",
+                    cell.states, " tensor(s) (", cell.name, "'s states), but got ", state.size());
+  for (size_t s = 0; s < state.size(); ++s) {
+    const std::string entry = std::string(name) + "[" + std::to_string(s) + "]";
+    check_rank(op, state[s], entry.c_str(), 2, "(batch, hidden_size)");
+    check_shape(op, state[s], entry.c_str(), {batch, hidden}, "(batch, hidden_size)");
+    check_like(op, state[s], entry.c_str(), input, "input");
+  }
+}
+
+}  // namespace
+
+void check_rnn_forward_args(const char* op, const CellShape& cell, const at::Tensor& input,
+                            const at::Tensor& weight_ih, const at::Tensor& weight_hh,
+                            const OptTensor& bias_ih, const OptTensor& bias_hh, at::TensorList state,
+                            const OptTensor& lengths) {
+  check_rank(op, input, "input", 3, "(seq_len, batch, input_size)");
+  check_dtype(op, input);
+  check_rnn_weights(op, cell, input, weight_ih, weight_hh);
+  const int64_t batch = input.size(1), hidden = weight_hh.size(1);
+  check_rnn_bias(op, cell, bias_ih, "bias_ih", hidden, input);
+  check_rnn_bias(op, cell, bias_hh, "bias_hh", hidden, input);
+  check_rnn_state(op, cell, state, "state", batch, hidden, input);
+  check_lengths(op, lengths, batch, input);
+}
+
+void check_rnn_backward_args(const char* op, const CellShape& cell, const OptTensor& grad_output,
+                             const OptTensorList& grad_state_n, const at::Tensor& input,
+                             const at::Tensor& weight_ih, const at::Tensor& weight_hh, at::TensorList state,
+                             const at::Tensor& output, const at::Tensor& saved, const OptTensor& lengths) {
+  check_rank(op, input, "input", 3, "(seq_len, batch, input_size)");
+  check_dtype(op, input);
+  check_rnn_weights(op, cell, input, weight_ih, weight_hh);
+  const int64_t steps = input.size(0), batch = input.size(1), hidden = weight_hh.size(1);
+  check_rnn_state(op, cell, state, "state", batch, hidden, input);
+  TORCH_CHECK_VALUE(static_cast<int>(grad_state_n.size()) == cell.states, op,
+                    ": expected grad_state_n to hold ", cell.states, " entries (tensor or None), but got ",
+                    grad_state_n.size());
+  for (size_t s = 0; s < grad_state_n.size(); ++s) {
+    const std::optional<at::Tensor> g = grad_state_n.get(s);
+    if (!g.has_value() || !g->defined()) continue;
+    const std::string entry = "grad_state_n[" + std::to_string(s) + "]";
+    check_rank(op, *g, entry.c_str(), 2, "(batch, hidden_size)");
+    check_shape(op, *g, entry.c_str(), {batch, hidden}, "(batch, hidden_size)");
+    check_like(op, *g, entry.c_str(), input, "input");
+  }
+  const char* layout = "(seq_len, batch, hidden_size)";
+  check_rank(op, output, "output", 3, layout);
+  check_shape(op, output, "output", {steps, batch, hidden}, layout);
+  check_like(op, output, "output", input, "input");
+  if (grad_output.has_value() && grad_output->defined()) {
+    check_rank(op, *grad_output, "grad_output", 3, layout);
+    check_shape(op, *grad_output, "grad_output", {steps, batch, hidden}, layout);
+    check_like(op, *grad_output, "grad_output", input, "input");
+  }
+  const std::string saved_layout = "(seq_len, batch, " + std::to_string(cell.saved) + " * hidden_size)";
+  check_rank(op, saved, "saved", 3, saved_layout.c_str());
+  check_shape(op, saved, "saved", {steps, batch, cell.saved * hidden}, saved_layout.c_str());
+  check_like(op, saved, "saved", input, "input");
   check_lengths(op, lengths, batch, input);
 }
 

@@ -182,11 +182,11 @@ SeqBackwardResult fused_seq_backward_cuda(const std::optional<at::Tensor>& grad_
 // unit) walking t, with the loads of several steps in flight.
 at::Tensor seq_cells_cuda(const at::Tensor& c0, const at::Tensor& gates);
 // The fused CUDA sequence ops' time-loop plan for one direction of a layer
-// of `dtype` on CUDA device `device`: every candidate path with the cost
+// of `cell` (cells/registry.h) in `dtype` on CUDA device `device`: every candidate path with the cost
 // model's estimate, and the choice (cuda/seq_persistent.cu;
 // lltm::_fused_cuda_seq_plan, read by the benchmarks).
 std::string fused_cuda_seq_plan(bool backward, int64_t steps, int64_t batch, int64_t state,
-                                c10::ScalarType dtype, int64_t device);
+                                c10::ScalarType dtype, int64_t device, c10::string_view cell);
 // (eager first sightings, captures, replays) of the CUDA graphs of the fused
 // CUDA step loops since the process started (cuda/seq_graph.cpp;
 // lltm::_fused_cuda_seq_graph_stats, read by tests and benchmarks).

@@ -1,17 +1,18 @@
 // The schemas of the lltm operators, declared once, here: the four of every
-// backend of backends.h, and the queries of how the library was built (one
-// more, _fused_cpu_capability, is declared beside the code it reports on, in
-// cpu/pointwise.cpp). Backends add kernels with TORCH_LIBRARY_IMPL in their
-// own folders; fake (meta) kernels live in lltm/_meta.py and the autograd
-// formulas in autograd_cell.cpp and autograd_seq.cpp.
+// backend of backends.h, the two of every seam cell but LLTM (rnn.h), and the queries of how the library was
+// built (one more, _fused_cpu_capability, is declared beside the code it reports on, in cpu/pointwise.cpp).
+// Backends add kernels with TORCH_LIBRARY_IMPL in their own folders; fake (meta) kernels live in
+// lltm/_meta.py and the autograd formulas in autograd_cell.cpp and autograd_seq.cpp.
 #include <Python.h>
 #include <torch/library.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backends.h"
 #include "lltm.h"
+#include "rnn.h"
 
 #ifndef LLTM_WITH_CUDA
 namespace lltm {
@@ -62,6 +63,35 @@ void define_backend(torch::Library& m, const std::string& b) {
             .c_str());
 }
 
+// Schemas of a seam cell's operators for one backend (rnn.h): the same two
+// for every cell but LLTM, whose own operators above keep their schemas.
+void define_cell(torch::Library& m, const std::string& b, const char* cell) {
+  const std::string prefix = b + "_" + cell;
+  m.def((prefix + "_seq_forward(Tensor input, Tensor weight_ih, Tensor weight_hh, Tensor? bias_ih, "
+                  "Tensor? bias_hh, Tensor[] state, Tensor? lengths) -> "
+                  "(Tensor output, Tensor[] state_n, Tensor saved)")
+            .c_str());
+  m.def((prefix + "_seq_backward(Tensor? grad_output, Tensor?[] grad_state_n, Tensor input, "
+                  "Tensor weight_ih, Tensor weight_hh, Tensor[] state, Tensor output, Tensor saved, "
+                  "Tensor? lengths, bool[6] output_mask) -> "
+                  "(Tensor grad_input, Tensor grad_weight_ih, Tensor grad_weight_hh, Tensor grad_bias_ih, "
+                  "Tensor grad_bias_hh, Tensor[] grad_state)")
+            .c_str());
+}
+
+// The seam's cells (other than LLTM) and their sizes, for lltm/cells.py to
+// check its registry against: "name:gates:states:saved:split".
+std::vector<std::string> compiled_cells() {
+  std::vector<std::string> out;
+  lltm::cells::for_each_cell([&](auto cell) {
+    using Cell = decltype(cell);
+    out.push_back(std::string(Cell::kName) + ":" + std::to_string(Cell::kGates) + ":" +
+                  std::to_string(Cell::kStates) + ":" + std::to_string(Cell::kSaved) + ":" +
+                  (Cell::kSplit ? "1" : "0"));
+  });
+  return out;
+}
+
 std::vector<std::string> compiled_backends() {
   std::vector<std::string> names;
   for (std::size_t b = 0; b < lltm::kNumCompiledBackends; ++b) {
@@ -75,13 +105,19 @@ std::vector<std::string> compiled_backends() {
 TORCH_LIBRARY(lltm, m) {
   for (std::size_t b = 0; b < lltm::kNumCompiledBackends; ++b) {
     define_backend(m, lltm::backend_name(b));
+    lltm::cells::for_each_cell([&](auto cell) {
+      using Cell = decltype(cell);
+      if constexpr (!std::is_same_v<Cell, lltm::cells::LLTM>)
+        define_cell(m, lltm::backend_name(b), Cell::kName);
+    });
   }
   m.def("_build_info() -> str", &build_info);
   m.def("_compiled_backends() -> str[]", &compiled_backends);
+  m.def("_compiled_cells() -> str[]", &compiled_cells);
 #ifdef LLTM_WITH_CUDA
   m.def(
       "_fused_cuda_seq_plan(bool backward, int steps, int batch, int state, "
-      "ScalarType dtype, int device) -> str",
+      "ScalarType dtype, int device, str cell=\"lltm\") -> str",
       &lltm::fused_cuda_seq_plan);
   m.def("_fused_cuda_seq_graph_stats() -> int[]", &lltm::fused_cuda_seq_graph_stats);
 #endif

@@ -1,0 +1,426 @@
+"""The seam's cells (lltm.cells) on every backend: LSTM and GRU as drop-ins for torch.nn's modules, the
+operators against each cell's float64 reference, gradcheck, opcheck, torch.compile and torch.export.
+
+Parametrised over cell x device x backend; a backend a build cannot run for a cell is kept, marked
+skip, so the report shows what did not run."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from torch.library import opcheck
+from torch.nn.utils.rnn import pack_sequence
+
+import lltm
+from lltm import cells, functional
+from lltm.reference import rnn_reference
+
+from ._helpers import DEVICES, LOW_PRECISION, rel_err
+
+SEAM = [cells.LSTM, cells.GRU]
+TORCH_LAYER = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}
+TORCH_CELL = {"lstm": torch.nn.LSTMCell, "gru": torch.nn.GRUCell}
+LAYER = {"lstm": lltm.LSTM, "gru": lltm.GRU}
+CELL = {"lstm": lltm.LSTMCell, "gru": lltm.GRUCell}
+
+
+def cell_params(devices=DEVICES, backends=lltm._registry.NAMES, seam=SEAM):
+    """(cell, device, backend) params with ids like lstm-cpu-aten; unavailable ones marked skip."""
+    params = []
+    for cell in seam:
+        for device in devices:
+            for name in backends:
+                ok = lltm._backends.is_available(name, device, cell.op_family())
+                marks = () if ok else pytest.mark.skip(reason=f"{name} has no {cell.name} operators on {device}")
+                params.append(pytest.param(cell, device, name, id=f"{cell.name}-{device}-{name}", marks=marks))
+    return params
+
+
+def compiled_params(devices=DEVICES):
+    return cell_params(devices, lltm._registry.COMPILED)
+
+
+def make_layer(cell, T, B, I, S, *, device="cpu", dtype=torch.float64, seed=0, bias=True):
+    """Fresh random (input, weight_ih, weight_hh, bias_ih, bias_hh, state) of one layer, every value
+    uniform in [-1, 1) (weights scaled by 2/sqrt(S): every gate regime is exercised)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        t = (torch.rand(*shape, generator=gen, dtype=torch.float64) * 2 - 1) * scale
+        return t.to(device=device, dtype=dtype)
+
+    G, bound = cell.gates, 2 * max(S, 1) ** -0.5
+    x = rand(T, B, I)
+    w_ih, w_hh = rand(G * S, I, scale=bound), rand(G * S, S, scale=bound)
+    b_ih, b_hh = (rand(G * S), rand(G * S)) if bias else (None, None)
+    state = tuple(rand(B, S) for _ in cell.states)
+    return x, w_ih, w_hh, b_ih, b_hh, state
+
+
+def outputs_and_grads(fn, args, lengths=None, seed=1):
+    """(output, final states..., gradient of every tensor argument) for a random linear loss on the
+    output and every final state."""
+    x, w_ih, w_hh, b_ih, b_hh, state = args
+    leaves = [x, w_ih, w_hh] + [b for b in (b_ih, b_hh) if b is not None] + list(state)
+    leaves = [t.detach().requires_grad_() for t in leaves]
+    x, w_ih, w_hh = leaves[:3]
+    rest = leaves[3:]
+    if b_ih is not None:
+        b_ih, b_hh, rest = rest[0], rest[1], rest[2:]
+    out, final = fn(x, w_ih, w_hh, b_ih, b_hh, tuple(rest), lengths)
+    gen = torch.Generator().manual_seed(seed)
+    results = [out, *final]
+    probes = [torch.rand(r.shape, generator=gen, dtype=torch.float64).to(r) for r in results]
+    loss = sum((r * p).sum() for r, p in zip(results, probes))
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    return [r.detach() for r in results] + [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, leaves)]
+
+
+def run(cell, backend):
+    def fn(x, w_ih, w_hh, b_ih, b_hh, state, lengths):
+        return functional.rnn(cell.name, x, w_ih, w_hh, b_ih, b_hh, state, lengths=lengths, backend=backend)
+
+    return fn
+
+
+def reference(cell):
+    def fn(x, w_ih, w_hh, b_ih, b_hh, state, lengths):
+        return rnn_reference(cell.reference, x, w_ih, w_hh, b_ih, b_hh, state, lengths)
+
+    return fn
+
+
+# (T, B, I, S): one step, one row, odd sizes, no input features
+SHAPES = [(5, 3, 4, 6), (1, 1, 2, 3), (7, 4, 3, 17), (3, 2, 0, 5)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("cell,device,backend", cell_params())
+def test_layer_matches_reference_float64(cell, device, backend, shape):
+    args = make_layer(cell, *shape, device=device)
+    got = outputs_and_grads(run(cell, backend), args)
+    want = outputs_and_grads(reference(cell), [a.cpu() if torch.is_tensor(a) else a for a in _cpu(args)])
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape and g.dtype == torch.float64
+        assert rel_err(g, w) <= 1e-12, f"result {k}: {rel_err(g, w):.2e}"
+
+
+def _cpu(args):
+    x, w_ih, w_hh, b_ih, b_hh, state = args
+    cpu = [t.cpu() if t is not None else None for t in (x, w_ih, w_hh, b_ih, b_hh)]
+    return (*cpu, tuple(s.cpu() for s in state))
+
+
+@pytest.mark.parametrize("cell,device,backend", cell_params())
+def test_lengths_and_no_bias(cell, device, backend):
+    """Rows of lengths 0 .. T (and bias=False): outputs 0 past each row's length, states kept, every
+    gradient as the reference's."""
+    args = make_layer(cell, 6, 5, 3, 7, device=device, bias=False, seed=3)
+    lengths = torch.tensor([6, 0, 3, 1, 5], device=device)
+    got = outputs_and_grads(run(cell, backend), args, lengths)
+    want = outputs_and_grads(reference(cell), _cpu(args), lengths.cpu())
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert rel_err(g, w) <= 1e-12, f"result {k}: {rel_err(g, w):.2e}"
+    assert (got[0][3:, 2] == 0).all() and (got[0][:, 1] == 0).all()
+
+
+@pytest.mark.parametrize("cell,device,backend", cell_params())
+def test_batch_zero_and_zero_steps(cell, device, backend):
+    for T, B in ((0, 3), (4, 0)):
+        args = make_layer(cell, T, B, 2, 4, device=device)
+        got = outputs_and_grads(run(cell, backend), args)
+        want = outputs_and_grads(reference(cell), _cpu(args))
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            torch.testing.assert_close(g.cpu(), w)
+
+
+@pytest.mark.parametrize("cell,device,backend", cell_params())
+def test_non_contiguous_arguments(cell, device, backend):
+    x, w_ih, w_hh, b_ih, b_hh, state = make_layer(cell, 4, 3, 5, 6, device=device, seed=5)
+    strided = (
+        x.transpose(0, 1).contiguous().transpose(0, 1),
+        w_ih.t().contiguous().t(),
+        w_hh[:, :].t().contiguous().t(),
+        b_ih,
+        b_hh,
+        tuple(s.t().contiguous().t() for s in state),
+    )
+    got = outputs_and_grads(run(cell, backend), strided)
+    want = outputs_and_grads(reference(cell), _cpu((x, w_ih, w_hh, b_ih, b_hh, state)))
+    for g, w in zip(got, want):
+        assert rel_err(g, w) <= 1e-12
+
+
+@pytest.mark.parametrize("cell,device,backend", compiled_params())
+def test_gradcheck(cell, device, backend):
+    x, w_ih, w_hh, b_ih, b_hh, state = make_layer(cell, 3, 2, 3, 4, device=device, seed=7)
+    lengths = torch.tensor([3, 1], device=device)
+
+    def fn(x, w_ih, w_hh, b_ih, b_hh, *state):
+        out, final = functional.rnn(cell.name, x, w_ih, w_hh, b_ih, b_hh, state, lengths=lengths, backend=backend)
+        return (out, *final)
+
+    inputs = [t.requires_grad_() for t in (x, w_ih, w_hh, b_ih, b_hh, *state)]
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("cell,device,backend", compiled_params())
+def test_opcheck(cell, device, backend):
+    x, w_ih, w_hh, b_ih, b_hh, state = make_layer(cell, 3, 2, 3, 4, device=device, seed=8)
+    forward = getattr(torch.ops.lltm, f"{backend}_{cell.name}_seq_forward").default
+    args = [t.requires_grad_() for t in (x, w_ih, w_hh)]
+    opcheck(forward, (*args, b_ih, b_hh, [s.requires_grad_() for s in state], torch.tensor([3, 2], device=device)))
+    out, state_n, saved = forward(
+        x.detach(), w_ih.detach(), w_hh.detach(), b_ih, b_hh, [s.detach() for s in state], None
+    )
+    backward = getattr(torch.ops.lltm, f"{backend}_{cell.name}_seq_backward").default
+    for mask in ([True] * 6, [False, True, False, False, True, False], [False] * 6):
+        opcheck(
+            backward,
+            (torch.randn_like(out), [torch.randn_like(s) for s in state_n], x.detach(), w_ih.detach(), w_hh.detach(),
+             [s.detach() for s in state], out, saved, None, mask),
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("cell,device,backend", compiled_params())
+def test_double_backward_is_a_clear_error(cell, device, backend):
+    x, w_ih, w_hh, b_ih, b_hh, state = make_layer(cell, 3, 2, 3, 4, device=device)
+    w_hh.requires_grad_()
+    out, _ = functional.rnn(cell.name, x, w_ih, w_hh, b_ih, b_hh, state, backend=backend)
+    (g,) = torch.autograd.grad(out.sum(), w_hh, create_graph=True)
+    with pytest.raises(RuntimeError, match=rf"backend '{backend}' does not support double backward.*backend='python'"):
+        g.sum().backward()
+
+
+# ---------------------------------------------------------------- the modules
+
+
+def _copy_into(ours, theirs):
+    ours.load_state_dict(theirs.state_dict())
+
+
+@pytest.mark.parametrize("layers,bidirectional", [(1, False), (2, True)], ids=["1layer", "2layers-bidir"])
+@pytest.mark.parametrize("batch_first", [False, True], ids=["time-major", "batch-first"])
+@pytest.mark.parametrize("cell,device,backend", cell_params())
+def test_layer_is_a_drop_in_for_torch(cell, device, backend, batch_first, layers, bidirectional):
+    """Same constructor (positional), parameter names and shapes, state_dict both ways; outputs, final
+    states and every gradient equal torch's within float64 rounding."""
+    torch.manual_seed(0)
+    args = (5, 7, layers, True, batch_first, 0.0, bidirectional)
+    theirs = TORCH_LAYER[cell.name](*args, dtype=torch.float64).to(device)
+    ours = LAYER[cell.name](*args, dtype=torch.float64, backend=backend).to(device)
+    assert [(n, p.shape) for n, p in ours.named_parameters()] == [(n, p.shape) for n, p in theirs.named_parameters()]
+    _copy_into(ours, theirs)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn((3, 4, 5) if batch_first else (4, 3, 5), dtype=torch.float64, device=device)
+    D = 2 if bidirectional else 1
+    state = tuple(torch.randn(layers * D, 3, 7, dtype=torch.float64, device=device) for _ in cell.states)
+    hx = state if cell.num_states == 2 else state[0]
+    results = []
+    for m in (ours, theirs):
+        m.zero_grad()
+        xi = x.clone().requires_grad_()
+        out, h = m(xi, hx)
+        finals = h if isinstance(h, tuple) else (h,)
+        (out.sum() + sum((f * f).sum() for f in finals)).backward()
+        results.append([out, *finals, xi.grad] + [p.grad for p in m.parameters()])
+    for k, (a, b) in enumerate(zip(*results)):
+        assert rel_err(a, b) <= 1e-12, f"result {k}: {rel_err(a, b):.2e}"
+
+
+@pytest.mark.parametrize("cell,device,backend", cell_params())
+def test_layer_packed_and_unbatched_like_torch(cell, device, backend):
+    torch.manual_seed(1)
+    theirs = TORCH_LAYER[cell.name](3, 4, 2, bidirectional=True, dtype=torch.float64).to(device)
+    ours = LAYER[cell.name](3, 4, 2, bidirectional=True, dtype=torch.float64, backend=backend).to(device)
+    _copy_into(ours, theirs)
+    seqs = [torch.randn(n, 3, dtype=torch.float64, device=device) for n in (5, 2, 4)]
+    packed = pack_sequence(seqs, enforce_sorted=False)
+    (po, ph), (to, th) = ours(packed), theirs(packed)
+    torch.testing.assert_close(po.data, to.data)
+    torch.testing.assert_close(ph, th)
+    unbatched = torch.randn(6, 3, dtype=torch.float64, device=device)
+    (uo, uh), (vo, vh) = ours(unbatched), theirs(unbatched)
+    assert uo.shape == vo.shape == (6, 8)
+    torch.testing.assert_close(uo, vo)
+    torch.testing.assert_close(uh, vh)
+
+
+@pytest.mark.parametrize("cell,device,backend", cell_params())
+def test_cell_module_is_a_drop_in_for_torch(cell, device, backend):
+    torch.manual_seed(2)
+    theirs = TORCH_CELL[cell.name](5, 6, dtype=torch.float64).to(device)
+    ours = CELL[cell.name](5, 6, dtype=torch.float64, backend=backend).to(device)
+    assert [(n, p.shape) for n, p in ours.named_parameters()] == [(n, p.shape) for n, p in theirs.named_parameters()]
+    _copy_into(ours, theirs)
+    x = torch.randn(3, 5, dtype=torch.float64, device=device)
+    state = tuple(torch.randn(3, 6, dtype=torch.float64, device=device) for _ in cell.states)
+    hx = state if cell.num_states == 2 else state[0]
+    for args in ((x,), (x, hx), (x[0],)):
+        a, b = ours(*args), theirs(*args)
+        torch.testing.assert_close(a, b)
+
+
+def test_init_matches_torch_distribution():
+    """Uniform in ±1/sqrt(hidden_size), as torch initialises every parameter."""
+    torch.manual_seed(3)
+    for m in (lltm.LSTM(8, 64), lltm.GRU(8, 64), lltm.LSTMCell(8, 64), lltm.GRUCell(8, 64)):
+        for name, p in m.named_parameters():
+            assert p.abs().max() <= 64**-0.5 and p.abs().max() > 0.9 * 64**-0.5, name
+
+
+def test_lstm_proj_size_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"lltm.LSTM: proj_size=4 is not supported.*torch.nn.LSTM"):
+        lltm.LSTM(3, 8, proj_size=4)
+
+
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: lltm.LSTM(3, 4, 2.0), r"lltm.LSTM: num_layers must be an int, got 2.0"),
+        (lambda: lltm.GRU(3, 4, "2"), r"lltm.GRU: num_layers must be an int, got '2'"),
+        (lambda: lltm.LSTM(3, 4, dropout=True), r"dropout must be a float probability in \[0, 1\], got True"),
+        (lambda: lltm.GRU(3, 0), r"hidden_size must be an integer of at least 1, got 0"),
+        (lambda: lltm.LSTMCell(3, 4, bias="yes"), r"lltm.LSTMCell: bias must be a bool, got 'yes'"),
+    ],
+)
+def test_bad_constructor_arguments(make, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        make()
+
+
+def test_bad_state_and_input_are_clear_errors():
+    m = lltm.LSTM(3, 4)
+    with pytest.raises(ValueError, match=r"expected state to be None or a tuple \(h, c\)"):
+        m(torch.randn(2, 1, 3), torch.zeros(1, 1, 4))
+    with pytest.raises(ValueError, match=r"expected h0 of shape .* = \[1, 1, 4\], but got \[2, 1, 4\]"):
+        m(torch.randn(2, 1, 3), (torch.zeros(2, 1, 4), torch.zeros(1, 1, 4)))
+    with pytest.raises(TypeError, match=r"lltm.GRU: expected input to be a torch.Tensor"):
+        lltm.GRU(3, 4)([[1.0, 2.0, 3.0]])
+    with pytest.raises(ValueError, match=r"lltm.GRU: expected input with input_size = 3 features, but got 2"):
+        lltm.GRU(3, 4, batch_first=True)(torch.randn(5, 6, 2))
+    with pytest.raises(
+        ValueError, match=r"expected weight_hh of shape \(3 \* hidden_size, hidden_size\) \(gru has 3 gates\)"
+    ):
+        functional.gru(torch.randn(2, 1, 3), torch.randn(16, 3), torch.randn(16, 4), None, None, torch.zeros(1, 4))
+
+
+def test_flatten_parameters_and_all_weights():
+    m = lltm.LSTM(3, 4, 2, bidirectional=True)
+    m.flatten_parameters()
+    assert len(m.all_weights) == 4 and all(len(w) == 4 for w in m.all_weights)
+
+
+# --------------------------------------------------------- compile and export
+
+
+@pytest.mark.parametrize("cell,device,backend", compiled_params())
+def test_compile_fullgraph_dynamic_matches_eager(cell, device, backend):
+    torch._dynamo.reset()
+    torch.manual_seed(4)
+    model = LAYER[cell.name](4, 6, 2, backend=backend, dtype=torch.float64).to(device)
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for T, B in ((3, 2), (5, 4)):
+        x = torch.randn(T, B, 4, dtype=torch.float64, device=device, requires_grad=True)
+        eager_out, _ = model(x)
+        (gx,) = torch.autograd.grad(eager_out.sum(), x)
+        out, _ = compiled(x)
+        (cx,) = torch.autograd.grad(out.sum(), x)
+        torch.testing.assert_close(out, eager_out)
+        torch.testing.assert_close(cx, gx)
+
+
+@pytest.mark.parametrize("cell,device,backend", compiled_params())
+def test_export_with_dynamic_shapes(cell, device, backend):
+    torch.manual_seed(5)
+    model = LAYER[cell.name](4, 6, backend=backend).to(device).eval()
+    x = torch.randn(5, 3, 4, device=device)
+    T, B = torch.export.Dim("T", min=2), torch.export.Dim("B", min=2)
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: T, 1: B},))
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    buf.seek(0)
+    loaded = torch.export.load(buf)
+    y = torch.randn(7, 2, 4, device=device)
+    torch.testing.assert_close(loaded.module()(y)[0], model(y)[0])
+
+
+# ------------------------------------------------------------- half precision
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("cell,device,backend", compiled_params(["cuda"]) if "cuda" in DEVICES else [])
+def test_half_precision_within_twice_plain_pytorch(cell, device, backend, dtype):
+    """Outputs and every gradient at most 2x the error of the reference run in the same low precision
+    (both against float64), with lengths, at T = 50."""
+    args = make_layer(cell, 50, 6, 16, 32, device=device, seed=9)
+    lengths = torch.tensor([50, 0, 17, 49, 1, 33], device=device)
+    low = [
+        t.to(dtype) if torch.is_tensor(t) else (tuple(s.to(dtype) for s in t) if isinstance(t, tuple) else t)
+        for t in args
+    ]
+    got = outputs_and_grads(run(cell, backend), low, lengths)
+    plain = outputs_and_grads(reference(cell), low, lengths)
+    exact = outputs_and_grads(reference(cell), args, lengths)
+    for k, (g, p, e) in enumerate(zip(got, plain, exact)):
+        assert g.dtype == dtype
+        assert torch.isfinite(g).all()
+        assert rel_err(g, e) <= 2 * rel_err(p, e) + 1e-6, f"result {k}: {rel_err(g, e):.2e} vs {rel_err(p, e):.2e}"
+
+
+# --------------------------------------------------- the CUDA time loops, each forced
+
+# (path, LLTM_SEQ_DOT): the persistent kernels with each dot, and the graph-replayed step loop
+CUDA_PATHS = [
+    ("cluster", "fma"),
+    ("cluster", "fma-smem"),
+    ("grid", "fma"),
+    ("grid", "mma"),
+    ("cluster", "mma"),
+    ("loop", None),
+]
+# (T, B, I, S): units and rows that divide into no split evenly, one row, and a wide state
+PATH_SHAPES = [(7, 5, 3, 17), (5, 33, 8, 70), (3, 1, 4, 1), (4, 64, 16, 256)]
+
+
+def _cluster_kernels_here() -> bool:
+    return "no thread-block cluster kernels" not in torch.ops.lltm._fused_cuda_seq_plan(
+        False, 2, 2, 8, torch.float32, 0, "lstm"
+    )
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shape", PATH_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("path,dot", CUDA_PATHS, ids=lambda v: str(v))
+@pytest.mark.parametrize("cell", SEAM, ids=lambda c: c.name)
+def test_cuda_paths_match_reference(monkeypatch, torch_settings, cell, path, dot, shape):
+    """Every time loop of the fused CUDA operators, forced, for every cell: float64 on the FMA dots,
+    float32 with TF32 allowed on the tensor-core dot (within 5e-3), with lengths, every gradient."""
+    if path == "cluster" and not _cluster_kernels_here():
+        pytest.skip("no thread-block cluster kernels on this device or build")
+    monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    if dot is not None:
+        monkeypatch.setenv("LLTM_SEQ_DOT", dot)
+    dtype, tol = torch.float64, 1e-12
+    if dot == "mma":
+        dtype, tol = torch.float32, 5e-3
+        torch_settings.set(matmul_tf32=True)
+    T, B, I, S = shape
+    args = make_layer(cell, T, B, I, S, device="cuda", dtype=dtype, seed=B + S)
+    lengths = torch.randint(0, T + 1, (B,), generator=torch.Generator().manual_seed(S)).cuda()
+    plan = torch.ops.lltm._fused_cuda_seq_plan(False, T, B, S, dtype, 0, cell.name)
+    assert plan.splitlines()[0].endswith(path), plan
+    got = outputs_and_grads(run(cell, "fused"), args, lengths)
+    exact = [
+        a.double() if torch.is_tensor(a) else (tuple(s.double() for s in a) if isinstance(a, tuple) else a)
+        for a in _cpu(args)
+    ]
+    want = outputs_and_grads(reference(cell), exact, lengths.cpu())
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert torch.isfinite(g).all(), f"result {k}: unwritten or non-finite elements"
+        assert rel_err(g, w) <= tol, f"result {k}: {rel_err(g, w):.2e}"
