@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "../cells/registry.h"
+
 namespace lltm {
 namespace cuda_detail {
 
@@ -55,8 +57,8 @@ __device__ __forceinline__ float tanh_fast(float z) {
   return 1.0f - __fdividef(2.0f, 1.0f + __expf(2.0f * z));
 }
 
-// The activations of a cell: exact (every dtype), or fast (float math,
-// kFast).
+// The cells' math policy on a thread's float or double values (cells/cell.h):
+// exact functions for every dtype, or fast ones for float math (kFast).
 template <bool kFast>
 struct Activations {
   template <typename T>
@@ -71,33 +73,47 @@ struct Activations {
   __device__ static __forceinline__ T tanh(T z) {
     return tanh_(z);
   }
+  __device__ static __forceinline__ float exp(float z) { return expf(z); }
+  __device__ static __forceinline__ double exp(double z) { return ::exp(z); }
+  __device__ static __forceinline__ float expm1(float z) { return expm1f(z); }
+  __device__ static __forceinline__ double expm1(double z) { return ::expm1(z); }
+  template <typename T>
+  __device__ static __forceinline__ T where_gt(T x, T y, T a, T b) {
+    return x > y ? a : b;
+  }
+  __device__ static __forceinline__ float fma(float a, float b, float c) { return fmaf(a, b, c); }
+  __device__ static __forceinline__ double fma(double a, double b, double c) { return ::fma(a, b, c); }
 };
 
 template <>
-struct Activations<true> {
+struct Activations<true> : Activations<false> {
   __device__ static __forceinline__ float sigmoid(float z) { return sigmoid_fast(z); }
   __device__ static __forceinline__ float elu(float z) { return elu_fast(z); }
   __device__ static __forceinline__ float tanh(float z) { return tanh_fast(z); }
+  __device__ static __forceinline__ float exp(float z) { return __expf(z); }
 };
 
-// One cell step from the gate pre-activations (bias included).
+// One LLTM step from the gate pre-activations (bias included): the LLTM
+// cell's own code (cells/lltm.h), for the single-step kernels.
 template <typename acc_t, bool kFast = false>
 struct CellForward {
   acc_t input_gate, output_gate, candidate, new_cell, new_h;
 
   __device__ __forceinline__ CellForward(acc_t z_i, acc_t z_o, acc_t z_c, acc_t old_cell) {
-    using A = Activations<kFast>;
-    input_gate = A::sigmoid(z_i);
-    output_gate = A::sigmoid(z_o);
-    candidate = A::elu(z_c);
-    new_cell = old_cell + candidate * input_gate;  // c' = c + elu(z_c) * i
-    new_h = A::tanh(new_cell) * output_gate;       // h' = tanh(c') * o
+    const acc_t zx[3] = {z_i, z_o, z_c}, zh[3] = {acc_t(0), acc_t(0), acc_t(0)};
+    const acc_t s[2] = {acc_t(0), old_cell};
+    acc_t next[2], saved[3];
+    cells::LLTM::forward<Activations<kFast>>(zx, zh, s, next, saved);
+    input_gate = saved[0];
+    output_gate = saved[1];
+    candidate = saved[2];
+    new_cell = next[1];
+    new_h = next[0];
   }
 };
 
-// Gradients of one cell step with respect to the gate pre-activations and the
-// old cell, from the saved activations (every derivative is a function of
-// the activation, so the pre-activations are never stored).
+// Gradients of one LLTM step with respect to the gate pre-activations and
+// the old cell, from the saved activations (cells/lltm.h).
 template <typename acc_t, bool kFast = false>
 struct CellBackward {
   acc_t d_input, d_output, d_candidate;  // d loss / d pre-activation
@@ -105,18 +121,14 @@ struct CellBackward {
 
   __device__ __forceinline__ CellBackward(acc_t grad_h, acc_t grad_cell, acc_t new_cell, acc_t input_gate,
                                           acc_t output_gate, acc_t candidate) {
-    const acc_t one = acc_t(1);
-    const acc_t t = Activations<kFast>::tanh(new_cell);
-    // d h' / d o = tanh(c');  d tanh(c') = 1 - tanh(c')^2
-    const acc_t d_og = grad_h * t;
-    d_cell = grad_cell + grad_h * output_gate * (one - t * t);
-    const acc_t d_ig = d_cell * candidate;     // d c' / d i = elu(z_c)
-    const acc_t d_cand = d_cell * input_gate;  // d c' / d elu(z_c) = i
-    // d sigmoid(z) = s (1 - s)
-    d_input = d_ig * input_gate * (one - input_gate);
-    d_output = d_og * output_gate * (one - output_gate);
-    // d elu(z) = 1 for z > 0, elu(z) + 1 otherwise
-    d_candidate = d_cand * (candidate > acc_t(0) ? one : candidate + one);
+    const acc_t dnext[2] = {grad_h, grad_cell}, s[2] = {acc_t(0), acc_t(0)}, next[2] = {acc_t(0), new_cell};
+    const acc_t saved[3] = {input_gate, output_gate, candidate};
+    acc_t dz[3], unused[3], ds[2];
+    cells::LLTM::backward<Activations<kFast>>(dnext, s, next, saved, dz, unused, ds);
+    d_input = dz[0];
+    d_output = dz[1];
+    d_candidate = dz[2];
+    d_cell = ds[1];
   }
 };
 

@@ -1,37 +1,52 @@
 // The persistent recurrent kernels of the fused CUDA sequence operators:
 // the whole time loop of one direction in one launch, over thread-block
-// clusters (sm_90+) or over a cooperative grid (sm_80+). Each entry point
-// asks the planner (seq_plan.h) for the time loop of its problem and either
-// launches the chosen persistent kernel and returns true, or launches
-// nothing and returns false when the plan is the step loop over cuBLAS
-// (seq_forward.cu / seq_backward.cu), which gives the same results.
+// clusters (sm_90+) or over a cooperative grid (sm_80+), for every cell of
+// cells/registry.h. Each entry point asks the planner (seq_plan.h) for the
+// time loop of its problem and either launches the chosen persistent kernel
+// and returns true, or launches nothing and returns false when the plan is
+// the step loop over cuBLAS (rnn_cuda.cu), which gives the same results.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
+#include <vector>
+
+#include "../cells/registry.h"
 #include "launch_utils.h"
 
 namespace lltm {
 namespace cuda_detail {
 
-// Forward over all T steps. gates (T, B, 3S), contiguous, holds x W_x^T on
-// entry and the activated gates on exit; output (T, B, S) and h_n, c_n
-// (B, S) are contiguous and fully written. w: the weights (3S, S + I),
-// whose first S columns are W_h. bias (3S,) contiguous and lengths (B,)
-// int64 contiguous may be undefined.
-bool seq_forward_persistent(const at::Tensor& gates, const RowMajor& w, const at::Tensor& bias,
-                            const RowMajor& h0, const RowMajor& c0, const at::Tensor& lengths,
-                            const at::Tensor& output, const at::Tensor& h_n, const at::Tensor& c_n);
+// Forward over all T steps of a cell with G gates, NS states, NV saved
+// values. zx (T, B, G S) contiguous holds x W_ih^T (no bias); saved
+// (T, B, NV S) contiguous is written (it may be zx itself when NV == G);
+// output (T, B, S) and state_n (NS x (B, S)) are contiguous and fully
+// written. b_ih, b_hh (G S,) contiguous and lengths (B,) int64 contiguous
+// may be undefined; state0 holds the NS initial states.
+template <typename Cell>
+bool rnn_forward_persistent(const at::Tensor& zx, const at::Tensor& saved, const RowMajor& w_hh,
+                            const at::Tensor& b_ih, const at::Tensor& b_hh,
+                            const std::vector<RowMajor>& state0, const at::Tensor& lengths,
+                            const at::Tensor& output, const std::vector<at::Tensor>& state_n);
 
-// Reverse-time loop of the backward: writes d_pre (T, B, 3S) contiguous (the
-// gradient of the gate pre-activations of every step) and, where defined,
-// grad_h0 and grad_c0 (B, S) contiguous. grad_output (T, B, S), grad_h_n and
-// grad_c_n (B, S) are contiguous or undefined (zero); cells (T, B, S), the
-// recomputed c_t, and gates (T, B, 3S), the forward's, are contiguous.
-bool seq_backward_persistent(const at::Tensor& grad_output, const at::Tensor& grad_h_n,
-                             const at::Tensor& grad_c_n, const RowMajor& w, const at::Tensor& cells,
-                             const at::Tensor& gates, const at::Tensor& lengths, const at::Tensor& d_pre,
-                             const at::Tensor& grad_h0, const at::Tensor& grad_c0);
+// Reverse-time loop of the backward: writes dzx (T, B, G S) contiguous (and
+// dzh, likewise, for cells with kSplit; else undefined) and, where defined,
+// the entries of grad_state0 (NS x (B, S) contiguous). grad_output
+// (T, B, S) and the entries of grad_state_n (B, S) are contiguous or
+// undefined (zero); saved and output are the forward's, contiguous; states
+// (NS - 1, T, B, S) contiguous holds the other states after every step
+// (undefined for NS = 1).
+template <typename Cell>
+bool rnn_backward_persistent(const at::Tensor& grad_output, const std::vector<at::Tensor>& grad_state_n,
+                             const RowMajor& w_hh, const at::Tensor& saved, const at::Tensor& output,
+                             const at::Tensor& states, const std::vector<RowMajor>& state0,
+                             const at::Tensor& lengths, const at::Tensor& dzx, const at::Tensor& dzh,
+                             const std::vector<at::Tensor>& grad_state0);
+
+// The planner's report for one direction (lltm::_fused_cuda_seq_plan).
+template <typename Cell, bool kBackward>
+std::string rnn_plan(int64_t steps, int64_t batch, int64_t state, c10::ScalarType dtype, int device);
 
 }  // namespace cuda_detail
 }  // namespace lltm

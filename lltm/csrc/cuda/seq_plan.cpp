@@ -110,9 +110,9 @@ Allowed read_environment() {
 enum class Dot { kFmaRegs, kFmaSmem, kMma };
 
 // The MMA dot's k step (m16n8k16 for half types, m16n8k8 for TF32), and the
-// k steps of one step's products (backward: three segments, one per gate).
+// k steps of one step's products (backward: G segments, one per gate).
 int64_t mma_kstep(const Problem& p) { return p.elem == 2 ? 16 : 8; }
-int64_t mma_ksteps(const Problem& p) { return (p.backward ? 3 : 1) * ceil_div(p.state, mma_kstep(p)); }
+int64_t mma_ksteps(const Problem& p) { return (p.backward ? p.gates : 1) * ceil_div(p.state, mma_kstep(p)); }
 
 // The split with `group` CTAs per chunk, `rows` batch rows per chunk and
 // the dot, or nothing where one CTA's threads, registers (W_h's chunks of a
@@ -147,7 +147,7 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
   int ks = 32;
   while (ks > 1 && (pairs * ks > kMaxThreads || ks > k_chunks)) ks /= 2;
   // W_h in registers: a lane holds chunks ks, ks + KS, ... of its unit's rows.
-  if (dot == Dot::kFmaRegs && ceil_div(k_chunks, ks) > kRegChunks) return std::nullopt;
+  if (dot == Dot::kFmaRegs && ceil_div(k_chunks, ks) > reg_chunks(p.gates)) return std::nullopt;
   int64_t row;
   if (mma) {
     // k padded to the MMA's k step; a row stride of 4 words mod 8 puts the 8
@@ -163,21 +163,21 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
     }
     row = row_chunks * V;
   }
-  // Exchanged rows: h_t (one per batch row) forward, d_pre_t (three) backward;
+  // Exchanged rows: h_t (one per batch row) forward, dzh_t (G) backward;
   // clusters keep both parities on chip, the grid path reloads one.
-  const int64_t exchanged = (p.backward ? 3 : 1) * padded * row * (path == SeqPath::kCluster ? 2 : 1);
+  const int64_t exchanged = (p.backward ? p.gates : 1) * padded * row * (path == SeqPath::kCluster ? 2 : 1);
   const int threads = mma ? kMaxThreads
                           : static_cast<int>(std::min<int64_t>(
                                 kMaxThreads, std::max<int64_t>(32, ceil_div(pairs * ks, 32) * 32)));
-  int64_t w_rows = dot == Dot::kFmaRegs ? 0 : 3 * units;
+  int64_t w_rows = dot == Dot::kFmaRegs ? 0 : p.gates * units;
   int64_t scratch = 0;  // MMA: the float tile of partial sums, [ksplit][mtiles 16][padded + 1]
   if (mma) {
-    // A: forward the 3 J rows of W_h, backward J rows (columns of W_h) in
-    // three k segments J rows apart; the last tile may read past them.
-    s.mtiles = static_cast<int>(ceil_div(p.backward ? units : 3 * units, 16));
+    // A: forward the G J rows of W_hh, backward J rows (columns of W_hh) in
+    // G k segments J rows apart; the last tile may read past them.
+    s.mtiles = static_cast<int>(ceil_div(p.backward ? units : p.gates * units, 16));
     s.ksplit = static_cast<int>(std::clamp<int64_t>(threads / 32 / s.mtiles, 1, mma_ksteps(p)));
     s.mma = mma;
-    w_rows = std::max<int64_t>(w_rows, (p.backward ? 2 * units : 0) + 16 * s.mtiles);
+    w_rows = std::max<int64_t>(w_rows, (p.backward ? (p.gates - 1) * units : 0) + 16 * s.mtiles);
     scratch = int64_t(s.ksplit) * 16 * s.mtiles * (padded + 1) * 4;
   }
   const int64_t smem = kHeaderBytes + ceil_div((w_rows * row + exchanged) * p.elem, 16) * 16 + scratch;
@@ -306,18 +306,18 @@ double persistent_step_cycles(const Problem& p, SeqPath path, const Split& s) {
   const double iters = std::ceil(std::ceil(double(p.state) / V) / s.ks);
   const int nb = s.per_thread;
   const double convert = p.elem == 2 ? 1.0 : 0.0;  // half types widen every element
-  // Per thread: forward reads 3 W chunks + NB h chunks per k chunk and does 3 NB V FMAs;
-  // backward, per gate, 1 W chunk + NB d_pre chunks and NB V FMAs. W_h's
+  // Per thread: forward reads G W chunks + NB h chunks per k chunk and does G NB V FMAs;
+  // backward, per gate, 1 W chunk + NB dzh chunks and NB V FMAs. W_hh's
   // chunks in registers need no loads (half types still widen them).
-  const double w_chunks = 3.0 * iters;
-  const double x_chunks = (p.backward ? 3.0 : 1.0) * iters * nb;
+  const double w_chunks = p.gates * iters;
+  const double x_chunks = (p.backward ? p.gates : 1.0) * iters * nb;
   const double loads = (s.w_regs ? 0.0 : w_chunks) + x_chunks;
-  const double fmas = 3.0 * iters * V * nb;
+  const double fmas = p.gates * iters * V * nb;
   const double instr = loads + convert * V * (w_chunks + x_chunks) + fmas * (p.is_double ? 2.0 : 1.0);
   const double warps_per_scheduler = std::ceil(s.threads / 32.0 / 4.0);
   const double issue = kModel.issue_factor * instr * warps_per_scheduler;
   const double smem = s.threads * loads * 16.0 / 128.0;
-  const double reduce = std::log2(double(s.ks)) * (p.backward ? nb : 3 * nb) * 8.0;
+  const double reduce = std::log2(double(s.ks)) * (p.backward ? nb : p.gates * nb) * 8.0;
   // The FMA constants were fitted over splits whose rows per thread followed
   // the batch; the MMA splits take as few as the threads allow, and pay for
   // each further row's cell math, run one after the other.
@@ -327,7 +327,7 @@ double persistent_step_cycles(const Problem& p, SeqPath path, const Split& s) {
   if (path == SeqPath::kCluster) {
     exchange = kModel.cluster_fixed + kModel.cluster_per_cta * s.group;
   } else {
-    const double bytes = (p.backward ? 3.0 : 1.0) * s.rows_padded * s.row * p.elem;
+    const double bytes = (p.backward ? p.gates : 1.0) * s.rows_padded * s.row * p.elem;
     exchange = kModel.grid_fixed + kModel.grid_per_cta * s.group + bytes / kModel.grid_l2_bytes_per_cycle;
   }
   return (dot + exchange) * (p.backward ? kModel.backward_factor : 1.0);
@@ -341,7 +341,7 @@ double loop_step_us(const Problem& p, const DeviceLimits& d) {
   if (p.tensor_cores) per_sm *= 8.0;
   const double rate = per_sm * d.sms * d.clock_ghz * 1e3 * efficiency;  // FLOP / us
   const double rows = std::max<double>(p.batch, kModel.loop_gemm_tile_rows);
-  const double flops = 2.0 * rows * 3 * p.state * p.state;
+  const double flops = 2.0 * rows * p.gates * p.state * p.state;
   const double floor = p.tensor_cores ? kModel.loop_gemm_floor_tc_us : kModel.loop_gemm_floor_us;
   const double gemm = std::max(floor, flops / rate);
   const double bytes = double(p.batch) * p.state * p.elem * (p.backward ? 10 : 8);
@@ -459,8 +459,8 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
 
 std::string describe(const Problem& p, const Decision& decision) {
   std::ostringstream os;
-  os << (p.backward ? "backward" : "forward") << " T=" << p.steps << " B=" << p.batch << " S=" << p.state
-     << " elem=" << p.elem << ": " << path_name(decision.chosen.path);
+  os << p.cell << " " << (p.backward ? "backward" : "forward") << " T=" << p.steps << " B=" << p.batch
+     << " S=" << p.state << " elem=" << p.elem << ": " << path_name(decision.chosen.path);
   for (const Plan& c : decision.candidates) {
     os << "\n  " << path_name(c.path);
     if (c.path != SeqPath::kLoop) os << " group=" << c.split.group;

@@ -58,12 +58,13 @@ enum class SeqPath { kCluster, kGrid, kLoop };
 // kernels' accumulators per warp.
 constexpr int kMaxMmaRows = 64;
 
-// 16-byte chunks of W_h's rows one lane of the FMA dot holds in registers
-// (3 gates x 4 words x kRegChunks registers), the kernels' compile-time bound.
+// 16-byte chunks of W_hh's rows one lane of the FMA dot holds in registers:
+// G gates x 4 words x reg_chunks(G) registers, 96 at most, the kernels'
+// compile-time bound (8 chunks for 3 gates, 6 for 4).
 // The planner offers W_h in registers for float32 only: half types would
 // widen twice as many floats into registers, and float64 (the tests'
 // dtype) gains little from it for another set of kernels to build.
-constexpr int kRegChunks = 8;
+constexpr int reg_chunks(int gates) { return 24 / gates; }
 
 // Bytes at the start of a persistent kernel's dynamic shared memory that
 // hold the cluster exchange's two mbarriers (one per buffer parity); the
@@ -108,6 +109,8 @@ struct Plan {
 
 // The problem: one direction of one layer.
 struct Problem {
+  const char* cell = "lltm";  // the cell (cells/registry.h)
+  int gates = 3;              // its G: W_hh has G S rows
   bool backward = false;
   int64_t steps = 0, batch = 0, state = 0;
   int elem = 4;  // bytes per element of the tensor dtype

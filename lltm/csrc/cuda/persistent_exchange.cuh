@@ -1,0 +1,269 @@
+// How a persistent kernel's CTAs share the exchanged rows of a step (h_t
+// forward, dzh_t backward): the cluster policy (DSMEM, st.async onto the
+// receivers' mbarriers, sm_90+) and the grid policy (L2 and one arrival
+// counter per group). seq_persistent.cu has the overview.
+#pragma once
+
+#include <cstdint>
+
+#include "persistent_params.cuh"
+
+namespace lltm {
+namespace cuda_detail {
+
+// ------------------------------------------------------- exchange policies
+//
+// Each holds the exchanged rows of one step, a matrix of R * rows_padded
+// rows of `row` elements (R = 1: h_t; R = G: the step's dzh, row b * G + gate).
+//   view(parity)  what this CTA's dot products read
+//   put(...)      element (q, j) of this CTA's slice (row q, column j of
+//                 the matrix), held by `lanes` lanes of which this is `lane`
+//   arrive(p)     after the puts (every thread calls it): publishes them;
+//                 the global stores of the step follow it
+//   wait(p, n)    every CTA's puts of exchange n (parity p) are in view(p)
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Shared-memory addresses for the PTX below: 32-bit offsets in the CTA's
+// window, and the same offset in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+[[maybe_unused]] __device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
+  uint32_t remote;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+#else
+  remote = local;
+#endif
+  return remote;
+}
+
+template <typename T>
+struct ClusterExchange {
+  // One store of the slice to another CTA, at parity 0: the source word(s)
+  // in this CTA, the destination and the destination's mbarrier.
+  struct Send {
+    uint32_t src, dst, bar;
+  };
+
+  T* local;          // [2][R Bp][row]: both parities, in this CTA
+  int parity_elems;  // R Bp row
+  int row;           // elements per exchanged row (padded)
+  int ctas, rank;
+  uint32_t bars;      // shared address of the parity-0 mbarrier (parity 1 follows)
+  uint32_t expected;  // bytes the other CTAs send into this one per step
+  // The slice's stores: items = R bn rows x per_row chunks of `chunk` bytes
+  // (16 where the slice is 16-byte aligned, else 4), to each of the other
+  // ctas - 1 CTAs; thread i sends pairs i, i + threads, ... of the
+  // (CTA, item) pairs, its first two precomputed.
+  uint32_t src0;  // shared address of (row 0, column j0) at parity 0
+  int row_bytes, parity_bytes, per_row, items, chunk;
+  Send first[2];
+  int firsts;
+
+  __device__ T* view(int parity) const { return local + parity * parity_elems; }
+
+  // A slice travels as whole 4-byte words (the planner keeps J even for 2-byte
+  // types; the last CTA's odd word carries the zero padding past S).
+  __device__ static int slice_bytes(int jn) { return (jn * static_cast<int>(sizeof(T)) + 3) / 4 * 4; }
+
+  // This CTA's copy of the step: one lane of the group writes it locally;
+  // arrive() sends the whole slice on.
+  __device__ void put(int parity, int q, int j, T v, int lane, int /*lanes*/) const {
+    if (lane == 0) view(parity)[q * row + j] = v;
+  }
+
+  __device__ Send send_of(int e) const {
+    const int other = e / items, item = e - other * items;
+    const int d = other + (other >= rank);  // every CTA but this one
+    const int r = item / per_row;
+    const uint32_t src = src0 + r * row_bytes + (item - r * per_row) * chunk;
+    return {src, cluster_address(src, d), cluster_address(bars, d)};
+  }
+
+  __device__ void send(const Send& x, int parity) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t src = x.src + parity * parity_bytes, dst = x.dst + parity * parity_bytes;
+    const uint32_t bar = x.bar + 8 * parity;
+    if (chunk == 16) {
+      uint32_t v0, v1, v2, v3;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                   : "r"(src)
+                   : "memory");
+      asm volatile(
+          "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::
+              "r"(dst),
+          "r"(v0), "r"(v1), "r"(v2), "r"(v3), "r"(bar)
+          : "memory");
+    } else {
+      uint32_t v;
+      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(src) : "memory");
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(dst),
+                   "r"(v), "r"(bar)
+                   : "memory");
+    }
+#endif
+  }
+
+  // Every thread's puts are in view(parity); then the slice goes to every
+  // other CTA with st.async, each store completing bytes on the receiver's
+  // mbarrier of that parity. No thread waits for its stores: the receivers'
+  // mbarriers say when they have landed.
+  __device__ void arrive(int parity) const {
+    __syncthreads();
+    if (firsts > 0) send(first[0], parity);
+    if (firsts > 1) send(first[1], parity);
+    for (int e = threadIdx.x + 2 * blockDim.x; e < items * (ctas - 1); e += blockDim.x)
+      send(send_of(e), parity);
+  }
+
+  // The n-th exchange of the launch has landed once the mbarrier of its
+  // parity completes its phase (n / 2: each parity serves every other
+  // exchange); thread 0 then arms the next phase of that mbarrier. Nothing
+  // of exchange n + 2 can arrive earlier: every CTA sends it only after
+  // exchange n + 1, which this CTA sends after this point.
+  //
+  // A CTA alone in its cluster (expected == 0) waits for nothing: arrive()'s
+  // barrier already put its own puts before the next step's reads. Arming
+  // there would complete the next phase at once, and a thread of this CTA
+  // still to test the phase that just ended would then wait for the one
+  // after it, which nobody completes: a hang, depending on warp timing.
+  __device__ void wait(int parity, int64_t n) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (expected == 0) return;
+    const uint32_t bar = bars + 8 * parity;
+    const uint32_t phase = static_cast<uint32_t>(n >> 1) & 1u;
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "wait_loop:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_loop;\n"
+        "}\n" ::"r"(bar),
+        "r"(phase)
+        : "memory");
+    if (threadIdx.x == 0) arm(bar);
+#endif
+  }
+
+  __device__ void arm(uint32_t bar) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(expected)
+                 : "memory");
+#endif
+  }
+
+  // The mbarriers are set up and armed, and every CTA of the cluster runs,
+  // before any CTA stores into another's shared memory.
+  __device__ void start() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+      for (int q = 0; q < 2; ++q) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + 8 * q) : "memory");
+      }
+      // The initialisation is complete before any use, this thread's arming included.
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      for (int q = 0; q < 2; ++q) arm(bars + 8 * q);
+    }
+    asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+#endif
+  }
+
+  template <typename Params>
+  __device__ static ClusterExchange make(const Params& p, const Slice& s, T* buffer, int rows_per,
+                                         unsigned char* header) {
+    ClusterExchange ex;
+    ex.local = buffer;
+    ex.parity_elems = rows_per * p.rows_padded * p.row;
+    ex.row = p.row;
+    ex.ctas = p.group;
+    ex.rank = s.rank;
+    ex.bars = smem_address(header);
+    int per_row = 0;
+    for (int d = 0; d < p.group; ++d) {
+      if (d != s.rank) per_row += slice_bytes(max(0, min(p.units, p.state - d * p.units)));
+    }
+    ex.expected = static_cast<uint32_t>(rows_per * s.bn * per_row);
+    const int bytes = slice_bytes(s.jn);
+    ex.chunk = (s.j0 * sizeof(T)) % 16 == 0 && bytes % 16 == 0 ? 16 : 4;  // rows are 16-byte aligned
+    ex.src0 = smem_address(buffer + s.j0);
+    ex.row_bytes = p.row * static_cast<int>(sizeof(T));
+    ex.parity_bytes = ex.parity_elems * static_cast<int>(sizeof(T));
+    ex.per_row = bytes / ex.chunk;
+    ex.items = rows_per * s.bn * ex.per_row;
+    const int pairs = ex.items * (ex.ctas - 1);
+    ex.firsts = 0;
+    for (int i = 0; i < 2; ++i) {
+      const int e = threadIdx.x + i * blockDim.x;
+      if (e < pairs) ex.first[ex.firsts++] = ex.send_of(e);
+    }
+    return ex;
+  }
+};
+
+template <typename T>
+struct GridExchange {
+  T* local;              // [R Bp][row] in this CTA
+  T* global;             // [2][R B][row]
+  unsigned* arrivals;    // this chunk's counter
+  int64_t parity_elems;  // R B row
+  int64_t first;         // R b0: this chunk's first exchanged row
+  int rows;              // R bn: this chunk's exchanged rows
+  int row;               // elements per exchanged row (padded)
+  int group;
+
+  __device__ T* view(int /*parity*/) const { return local; }
+
+  __device__ void put(int parity, int q, int j, T v, int lane, int lanes) const {
+    if (lane == q % lanes) global[parity * parity_elems + (first + q) * row + j] = v;
+  }
+  // The CTA's puts, then one arrival: a release at GPU scope orders the
+  // CTA's puts (which the barrier put before it) before the count.
+  __device__ void arrive(int /*parity*/) const {
+    __syncthreads();
+    if (threadIdx.x == 0)
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(arrivals) : "memory");
+  }
+  // The n-th exchange of this launch is complete when the group has
+  // arrived (n + 1) times; then the chunk's rows of that parity are copied
+  // into shared memory, 16 bytes at a time, from L2 (ld.global.cg: another
+  // SM wrote them, this SM's L1 may hold an older copy).
+  __device__ void wait(int parity, int64_t n) const {
+    if (threadIdx.x == 0) {
+      const unsigned target = static_cast<unsigned>(n + 1) * static_cast<unsigned>(group);
+      while (static_cast<int>(load_acquire(arrivals) - target) < 0) {
+      }
+    }
+    __syncthreads();
+    const int4* src = reinterpret_cast<const int4*>(global + parity * parity_elems + first * row);
+    int4* dst = reinterpret_cast<int4*>(local);
+    const int vectors = rows * row * static_cast<int>(sizeof(T)) / 16;
+    for (int e = threadIdx.x; e < vectors; e += blockDim.x) dst[e] = __ldcg(src + e);
+    __syncthreads();
+  }
+  __device__ void start() const { __syncthreads(); }
+
+  template <typename Params>
+  __device__ static GridExchange make(const Params& p, const Slice& s, T* buffer, int rows_per,
+                                      unsigned char* /*header*/) {
+    return {buffer,
+            p.exchange,
+            p.arrivals + s.chunk,
+            rows_per * p.batch * p.row,
+            rows_per * s.b0,
+            rows_per * s.bn,
+            p.row,
+            p.group};
+  }
+};
+
+}  // namespace cuda_detail
+}  // namespace lltm

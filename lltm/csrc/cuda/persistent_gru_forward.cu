@@ -1,0 +1,4 @@
+// The forward persistent kernels of the GRU cell (persistent_launch.cuh).
+#include "persistent_launch.cuh"
+
+LLTM_PERSISTENT_FORWARD(lltm::cells::GRU)

@@ -1,0 +1,383 @@
+// How the persistent kernels are launched (the host side of
+// seq_persistent.h): the kernel instance for a plan, the device's limits for
+// the planner, the plan cache, and the launch of one plan in waves. A
+// template over the cell, instantiated once per cell and direction by the
+// persistent_<cell>_<direction>.cu files (LLTM_PERSISTENT_FORWARD / _BACKWARD).
+#pragma once
+
+#include <ATen/Context.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+
+#include "../lltm.h"
+#include "persistent_kernels.cuh"
+#include "seq_persistent.h"
+#include "seq_plan.h"
+
+namespace lltm {
+namespace cuda_detail {
+
+namespace {
+
+// ------------------------------------------------------------------ host
+
+template <typename Params>
+using Kernel = void (*)(Params);
+
+template <typename Cell, typename scalar_t, bool kBackward, int NB, bool kMma, bool kRegW,
+          template <typename> class Exchange>
+constexpr auto kernel_instance() {
+  if constexpr (kBackward) {
+    return &seq_backward_persistent_kernel<Cell, scalar_t, NB, kMma, kRegW, Exchange>;
+  } else {
+    return &seq_forward_persistent_kernel<Cell, scalar_t, NB, kMma, kRegW, Exchange>;
+  }
+}
+
+template <typename Cell, typename scalar_t, bool kBackward, bool kMma, bool kRegW>
+auto kernel_for_dot(SeqPath path, int per_thread) {
+  const bool cluster = path == SeqPath::kCluster;
+  switch (per_thread) {
+    case 4:
+      return cluster ? kernel_instance<Cell, scalar_t, kBackward, 4, kMma, kRegW, ClusterExchange>()
+                     : kernel_instance<Cell, scalar_t, kBackward, 4, kMma, kRegW, GridExchange>();
+    case 2:
+      return cluster ? kernel_instance<Cell, scalar_t, kBackward, 2, kMma, kRegW, ClusterExchange>()
+                     : kernel_instance<Cell, scalar_t, kBackward, 2, kMma, kRegW, GridExchange>();
+    default:
+      return cluster ? kernel_instance<Cell, scalar_t, kBackward, 1, kMma, kRegW, ClusterExchange>()
+                     : kernel_instance<Cell, scalar_t, kBackward, 1, kMma, kRegW, GridExchange>();
+  }
+}
+
+// The instantiation for a path, NB batch rows per thread group and the dot
+// (double has no MMA kernels; the MMA dot keeps W_hh in shared memory, and
+// so does every dtype but float: seq_plan.h).
+template <typename Cell, typename scalar_t, bool kBackward>
+auto kernel_for(SeqPath path, int per_thread, bool mma, bool w_regs) {
+  if constexpr (!std::is_same_v<scalar_t, double>) {
+    if (mma) return kernel_for_dot<Cell, scalar_t, kBackward, true, false>(path, per_thread);
+  }
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (w_regs) return kernel_for_dot<Cell, scalar_t, kBackward, false, true>(path, per_thread);
+  }
+  return kernel_for_dot<Cell, scalar_t, kBackward, false, false>(path, per_thread);
+}
+
+// The virtual architecture the running device's code of `kernel` was
+// compiled for (ptxVersion: 90 for a body built for sm_90 or JIT-compiled
+// from compute_90 PTX, 80 for compute_80 PTX run on a newer GPU), 0 when
+// the build has no code for this device. Asked once per kernel and device.
+int code_arch(const void* kernel, int device) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(kernel, device);
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  cudaFuncAttributes attr{};
+  int arch = 0;
+  if (cudaFuncGetAttributes(&attr, kernel) == cudaSuccess) {
+    arch = attr.ptxVersion;
+  } else {
+    (void)cudaGetLastError();
+  }
+  cache.emplace(key, arch);
+  return arch;
+}
+
+// The launch configuration of a split (`attr` holds its cluster shape or
+// the cooperative flag).
+cudaLaunchConfig_t launch_config(SeqPath path, const Split& split, cudaStream_t stream,
+                                 cudaLaunchAttribute& attr) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid_size(int64_t(split.group) * split.per_wave));
+  config.blockDim = dim3(split.threads);
+  config.dynamicSmemBytes = split.smem;
+  config.stream = stream;
+  if (path == SeqPath::kCluster) {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = split.group;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+  } else {
+    // Co-residency of every CTA: a group spins on its arrival counter.
+    attr.id = cudaLaunchAttributeCooperative;
+    attr.val.cooperative = 1;
+  }
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return config;
+}
+
+// How many batch chunks of this launch shape run at once on the device (0:
+// none); asked once per kernel, device and shape.
+template <typename Params>
+int resident_chunks(Kernel<Params> kernel, SeqPath path, const Split& split, int device, size_t smem_limit,
+                    int sms) {
+  using Key = std::tuple<const void*, int, int, unsigned, size_t>;
+  static std::mutex mutex;
+  static std::map<Key, int> cache;
+  const Key key{reinterpret_cast<const void*>(kernel), device, split.group,
+                static_cast<unsigned>(split.threads), split.smem};
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  int chunks = 0;
+  // The dynamic shared memory limit is raised to the device's maximum once,
+  // so every split of this kernel can launch.
+  bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(smem_limit)) == cudaSuccess;
+  if (ok && path == SeqPath::kCluster) {
+    ok = split.group <= 8 ||
+         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+    Split one = split;  // the shape of one cluster
+    one.per_wave = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t config = launch_config(path, one, nullptr, attr);
+    ok = ok && cudaOccupancyMaxActiveClusters(&chunks, kernel, &config) == cudaSuccess;
+  } else if (ok) {
+    int per_sm = 0;
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, split.threads, split.smem) ==
+         cudaSuccess;
+    chunks = per_sm * sms / split.group;
+  }
+  if (!ok) {
+    (void)cudaGetLastError();
+    chunks = 0;
+  }
+  cache.emplace(key, chunks);
+  return chunks;
+}
+
+// The planner's view of the device and of this build's code for it.
+template <typename Cell, typename scalar_t, bool kBackward>
+DeviceLimits device_limits(int device) {
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device);
+  DeviceLimits d;
+  d.sms = prop->multiProcessorCount;
+  d.smem_per_block = prop->sharedMemPerBlockOptin;
+  int khz = 0;
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device) == cudaSuccess && khz > 0) {
+    d.clock_ghz = khz * 1e-6;
+  } else {
+    (void)cudaGetLastError();
+  }
+  auto arch = [&](SeqPath path, bool mma) {
+    return code_arch(
+        reinterpret_cast<const void*>(kernel_for<Cell, scalar_t, kBackward>(path, 1, mma, false)), device);
+  };
+  d.cluster_kernels = prop->major >= 9 && arch(SeqPath::kCluster, false) >= 90;
+  d.grid_kernels = prop->cooperativeLaunch != 0 && arch(SeqPath::kGrid, false) > 0;
+  d.mma_kernels = !std::is_same_v<scalar_t, double> && prop->major >= 8 && arch(SeqPath::kGrid, true) >= 80;
+  return d;
+}
+
+// The decision for one problem on one device, made once per problem and
+// setting (the environment's overrides and the TF32 switch are in the key;
+// each cell, dtype and direction has a cache of its own).
+template <typename Cell, typename scalar_t, bool kBackward>
+const Decision& decide(const Problem& problem, int device) {
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, std::string>;
+  static std::mutex mutex;
+  static std::map<Key, Decision> cache;
+  std::string env;
+  for (const char* name : {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP", "LLTM_SEQ_DOT"}) {
+    const char* v = std::getenv(name);
+    env += std::string(v == nullptr ? "" : v) + ";";
+  }
+  const Key key{problem.steps, problem.batch, problem.state, device, problem.tensor_cores, env};
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto found = cache.find(key);
+    if (found != cache.end()) return found->second;
+  }
+  const DeviceLimits limits = device_limits<Cell, scalar_t, kBackward>(device);
+  const ResidentChunks resident = [&](SeqPath path, const Split& split) {
+    return resident_chunks(
+        kernel_for<Cell, scalar_t, kBackward>(path, split.per_thread, split.mma, split.w_regs), path, split,
+        device, limits.smem_per_block, limits.sms);
+  };
+  Decision decision = plan_time_loop(problem, limits, resident);
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() > 4096) cache.clear();  // many distinct shapes: start over
+  return cache.emplace(key, std::move(decision)).first->second;
+}
+
+template <typename Cell, typename scalar_t>
+Problem problem_of(bool backward, int64_t steps, int64_t batch, int64_t state) {
+  Problem p;
+  p.cell = Cell::kName;
+  p.gates = Cell::kGates;
+  p.backward = backward;
+  p.steps = steps;
+  p.batch = batch;
+  p.state = state;
+  p.elem = sizeof(scalar_t);
+  p.is_double = std::is_same_v<scalar_t, double>;
+  p.tensor_cores =
+      sizeof(scalar_t) == 2 || (std::is_same_v<scalar_t, float> && at::globalContext().allowTF32CuBLAS());
+  return p;
+}
+
+// Launches the persistent kernel of the decided plan; false when the plan is
+// the step loop.
+template <typename Cell, typename scalar_t, bool kBackward, typename Params>
+bool launch(const Params& base, const at::Tensor& like) {
+  const int device = like.get_device();
+  const Problem problem = problem_of<Cell, scalar_t>(kBackward, base.steps, base.batch, base.state);
+  const Plan& plan = decide<Cell, scalar_t, kBackward>(problem, device).chosen;
+  if (plan.path == SeqPath::kLoop) return false;
+  const Split& split = plan.split;
+  Params params = base;
+  params.group = split.group;
+  params.units = split.units;
+  params.rows = split.rows;
+  params.rows_padded = split.rows_padded;
+  params.ks = split.ks;
+  params.row = split.row;
+  params.mtiles = split.mtiles;
+  params.ksplit = split.ksplit;
+  params.w_rows = split.w_rows;
+  at::Tensor exchange, arrivals;
+  if (plan.path == SeqPath::kGrid) {
+    // Zeroed: padding past S is read as 0, and the counters start at 0.
+    const int64_t rows_per = kBackward ? Cell::kGates : 1;
+    exchange = at::zeros({2, rows_per * base.batch, split.row}, like.options());
+    arrivals = at::zeros({split.chunks}, like.options().dtype(at::kInt));
+    params.exchange = exchange.mutable_data_ptr<scalar_t>();
+    params.arrivals = reinterpret_cast<unsigned*>(arrivals.mutable_data_ptr<int>());
+  }
+  const Kernel<Params> kernel =
+      kernel_for<Cell, scalar_t, kBackward>(plan.path, split.per_thread, split.mma, split.w_regs);
+  // One launch per wave of chunks, in turn on the stream (chunks are
+  // independent; every CTA of a launch is resident at once).
+  for (int64_t chunk0 = 0; chunk0 < split.chunks; chunk0 += split.per_wave) {
+    Split wave = split;
+    wave.per_wave = static_cast<int>(std::min<int64_t>(split.per_wave, split.chunks - chunk0));
+    params.chunk0 = chunk0;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t config = launch_config(plan.path, wave, c10::cuda::getCurrentCUDAStream(), attr);
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+  }
+  return true;
+}
+
+// A tensor's data, or null when undefined.
+template <typename T>
+const T* data_or_null(const at::Tensor& t) {
+  return t.defined() ? t.const_data_ptr<T>() : nullptr;
+}
+template <typename T>
+T* mutable_or_null(const at::Tensor& t) {
+  return t.defined() ? t.mutable_data_ptr<T>() : nullptr;
+}
+
+}  // namespace
+
+template <typename Cell>
+bool rnn_forward_persistent(const at::Tensor& zx, const at::Tensor& saved, const RowMajor& w_hh,
+                            const at::Tensor& b_ih, const at::Tensor& b_hh,
+                            const std::vector<RowMajor>& state0, const at::Tensor& lengths,
+                            const at::Tensor& output, const std::vector<at::Tensor>& state_n) {
+  const int64_t steps = zx.size(0), batch = zx.size(1), state = output.size(2);
+  bool launched = false;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, zx.scalar_type(), "lltm_rnn_forward_persistent",
+                                  [&] {
+                                    ForwardParams<scalar_t> p{};
+                                    p.zx = zx.const_data_ptr<scalar_t>();
+                                    p.saved = saved.mutable_data_ptr<scalar_t>();
+                                    p.w = w_hh.data<scalar_t>();
+                                    p.w_ld = w_hh.ld;
+                                    p.b_ih = data_or_null<scalar_t>(b_ih);
+                                    p.b_hh = data_or_null<scalar_t>(b_hh);
+                                    for (int k = 0; k < Cell::kStates; ++k) {
+                                      p.state0[k] = state0[k].data<scalar_t>();
+                                      p.state0_ld[k] = state0[k].ld;
+                                      p.state_n[k] = state_n[k].mutable_data_ptr<scalar_t>();
+                                    }
+                                    p.lengths = data_or_null<int64_t>(lengths);
+                                    p.output = output.mutable_data_ptr<scalar_t>();
+                                    p.steps = steps;
+                                    p.batch = batch;
+                                    p.state = static_cast<int>(state);
+                                    launched = launch<Cell, scalar_t, false>(p, zx);
+                                  });
+  return launched;
+}
+
+template <typename Cell>
+bool rnn_backward_persistent(const at::Tensor& grad_output, const std::vector<at::Tensor>& grad_state_n,
+                             const RowMajor& w_hh, const at::Tensor& saved, const at::Tensor& output,
+                             const at::Tensor& states, const std::vector<RowMajor>& state0,
+                             const at::Tensor& lengths, const at::Tensor& dzx, const at::Tensor& dzh,
+                             const std::vector<at::Tensor>& grad_state0) {
+  const int64_t steps = output.size(0), batch = output.size(1), state = output.size(2);
+  bool launched = false;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, output.scalar_type(),
+                                  "lltm_rnn_backward_persistent", [&] {
+                                    BackwardParams<scalar_t> p{};
+                                    p.grad_output = data_or_null<scalar_t>(grad_output);
+                                    for (int k = 0; k < Cell::kStates; ++k) {
+                                      p.grad_state_n[k] = data_or_null<scalar_t>(grad_state_n[k]);
+                                      p.state0[k] = state0[k].data<scalar_t>();
+                                      p.state0_ld[k] = state0[k].ld;
+                                      p.grad_state0[k] = mutable_or_null<scalar_t>(grad_state0[k]);
+                                    }
+                                    p.w = w_hh.data<scalar_t>();
+                                    p.w_ld = w_hh.ld;
+                                    p.saved = saved.const_data_ptr<scalar_t>();
+                                    p.output = output.const_data_ptr<scalar_t>();
+                                    p.states = data_or_null<scalar_t>(states);
+                                    p.lengths = data_or_null<int64_t>(lengths);
+                                    p.dzx = dzx.mutable_data_ptr<scalar_t>();
+                                    p.dzh = mutable_or_null<scalar_t>(dzh);
+                                    p.steps = steps;
+                                    p.batch = batch;
+                                    p.state = static_cast<int>(state);
+                                    launched = launch<Cell, scalar_t, true>(p, output);
+                                  });
+  return launched;
+}
+
+template <typename Cell, bool kBackward>
+std::string rnn_plan(int64_t steps, int64_t batch, int64_t state, c10::ScalarType dtype, int device) {
+  std::string report;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "lltm_fused_cuda_seq_plan", [&] {
+    const Problem problem = problem_of<Cell, scalar_t>(kBackward, steps, batch, state);
+    report = describe(problem, decide<Cell, scalar_t, kBackward>(problem, device));
+  });
+  return report;
+}
+
+}  // namespace cuda_detail
+}  // namespace lltm
+
+// One explicit instantiation of a cell's persistent entry points per
+// direction, each in a file of its own (persistent_<cell>_<direction>.cu), so
+// that the cells' and directions' kernels compile in parallel.
+#define LLTM_PERSISTENT_FORWARD(Cell)                                                               \
+  namespace lltm::cuda_detail {                                                                     \
+  template bool rnn_forward_persistent<Cell>(const at::Tensor&, const at::Tensor&, const RowMajor&, \
+                                             const at::Tensor&, const at::Tensor&,                  \
+                                             const std::vector<RowMajor>&, const at::Tensor&,       \
+                                             const at::Tensor&, const std::vector<at::Tensor>&);    \
+  template std::string rnn_plan<Cell, false>(int64_t, int64_t, int64_t, c10::ScalarType, int);      \
+  }
+#define LLTM_PERSISTENT_BACKWARD(Cell)                                                                 \
+  namespace lltm::cuda_detail {                                                                        \
+  template bool rnn_backward_persistent<Cell>(const at::Tensor&, const std::vector<at::Tensor>&,       \
+                                              const RowMajor&, const at::Tensor&, const at::Tensor&,   \
+                                              const at::Tensor&, const std::vector<RowMajor>&,         \
+                                              const at::Tensor&, const at::Tensor&, const at::Tensor&, \
+                                              const std::vector<at::Tensor>&);                         \
+  template std::string rnn_plan<Cell, true>(int64_t, int64_t, int64_t, c10::ScalarType, int);          \
+  }

@@ -1,0 +1,168 @@
+// The persistent recurrent kernels' parameters and thread layout
+// (seq_persistent.cu has the overview): what one launch is given, where a
+// CTA and a thread group sit in the work, and the profiling clocks.
+#pragma once
+
+#include <ATen/OpMathType.h>
+
+#include <cstdint>
+
+#include "seq_plan.h"
+
+namespace lltm {
+namespace cuda_detail {
+
+constexpr int kMaxThreads = 256;
+constexpr int kMaxStates = 2;  // the most states a cell carries (cells/cell.h)
+
+// One launch of the forward kernel of a cell with G gates, NS states and NV
+// saved values.
+template <typename scalar_t>
+struct ForwardParams {
+  const scalar_t* zx;  // (T, B, G S): x W_ih^T (no bias)
+  scalar_t* saved;     // (T, B, NV S) out; may be zx itself (NV == G: step t's
+                       //   values are read before step t writes)
+  const scalar_t* w;   // W_hh (G S, S), rows w_ld apart
+  int64_t w_ld;
+  const scalar_t* b_ih;                // (G S,) or null
+  const scalar_t* b_hh;                // (G S,) or null
+  const scalar_t* state0[kMaxStates];  // (B, S) at b * state0_ld[k] + j
+  int64_t state0_ld[kMaxStates];
+  const int64_t* lengths;         // (B,) or null
+  scalar_t* output;               // (T, B, S)
+  scalar_t* state_n[kMaxStates];  // (B, S)
+  scalar_t* exchange;             // grid: (2, B, row) h_t by parity, zero past S
+  unsigned* arrivals;             // grid: (chunks,) zeroed, one counter per chunk
+  int64_t steps, batch;
+  int64_t chunk0;  // the first chunk of this launch (a wave)
+  int state, group, units, rows, rows_padded, ks, row;
+  int mtiles, ksplit, w_rows;  // the MMA dot (seq_plan.h's Split)
+};
+
+// One launch of the backward kernel (reverse time).
+template <typename scalar_t>
+struct BackwardParams {
+  const scalar_t* grad_output;               // (T, B, S) or null
+  const scalar_t* grad_state_n[kMaxStates];  // (B, S) or null
+  const scalar_t* w;                         // W_hh (G S, S), rows w_ld apart
+  int64_t w_ld;
+  const scalar_t* saved;   // (T, B, NV S)
+  const scalar_t* output;  // (T, B, S): h_t, and h_{t-1} of step t > 0
+  const scalar_t* states;  // (NS - 1, T, B, S): the other states after each step, or null (NS = 1)
+  const scalar_t* state0[kMaxStates];  // (B, S) at b * state0_ld[k] + j
+  int64_t state0_ld[kMaxStates];
+  const int64_t* lengths;             // (B,) or null
+  scalar_t* dzx;                      // (T, B, G S)
+  scalar_t* dzh;                      // (T, B, G S), or null: the cell's dzh is its dzx
+  scalar_t* grad_state0[kMaxStates];  // (B, S) or null
+  scalar_t* exchange;                 // grid: (2, G B, row) dzh_t by parity, zero past S
+  unsigned* arrivals;                 // grid: (chunks,) zeroed
+  int64_t steps, batch;
+  int64_t chunk0;  // the first chunk of this launch (a wave)
+  int state, group, units, rows, rows_padded, ks, row;
+  int mtiles, ksplit, w_rows;  // the MMA dot (seq_plan.h's Split)
+};
+
+// Where this CTA sits: its units [j0, j0 + jn) and batch rows [b0, b0 + bn).
+// Group g of a launch is CTAs [g C, (g + 1) C) of the 1-D grid (for a
+// cluster launch that is the cluster, and blockIdx.x % C its rank in it),
+// and owns chunk chunk0 + g.
+struct Slice {
+  int rank, j0, jn, bn;
+  int64_t chunk, b0;
+};
+
+template <typename Params>
+__device__ __forceinline__ Slice my_slice(const Params& p) {
+  const int group = p.group, units = p.units, rows = p.rows, state = p.state;
+  const int64_t batch = p.batch;
+  Slice s;
+  s.rank = static_cast<int>(blockIdx.x % group);
+  s.chunk = p.chunk0 + blockIdx.x / group;
+  s.j0 = s.rank * units;
+  s.jn = max(0, min(units, state - s.j0));
+  s.b0 = s.chunk * rows;
+  s.bn = static_cast<int>(::min(static_cast<int64_t>(rows), batch - s.b0));
+  return s;
+}
+
+// Thread layout shared by every kernel: thread group q (KS lanes) owns unit
+// j0 + q % jn and the NB batch rows r0 .. r0 + NB - 1 of this CTA, for the
+// whole sequence. Its lanes split the k range of the dot products and then
+// all hold the same sums (a butterfly of commutative adds), so every lane
+// runs the cell math of its group's NB rows and keeps the same carried
+// state in registers; lane ks stores row n to global memory when
+// n % KS == ks.
+struct Group {
+  int ks, KS, jj, j, r0;
+  // Threads past the CTA's (unit, rows) pairs are not working: they run the
+  // FMA dot (of unit 0, rows 0..) with their warp but no cell math.
+  bool working;
+};
+
+template <int NB>
+__device__ __forceinline__ Group my_group(const Slice& s, int KS, int rows_padded) {
+  Group g;
+  g.KS = KS;
+  g.ks = threadIdx.x % KS;
+  const int q = threadIdx.x / KS;
+  g.working = q < s.jn * (rows_padded / NB);
+  g.jj = g.working ? q % s.jn : 0;
+  g.j = s.j0 + g.jj;
+  g.r0 = g.working ? (q / s.jn) * NB : 0;
+  return g;
+}
+
+// The phases of a step in cycles, for profiling builds (LLTM_STEP_CLOCKS=1
+// at build time, lltm/_sources.py): thread 0 of CTA 0 adds each phase's
+// clock64 span up and prints the means per step when the loop ends. In
+// other builds every call is empty.
+struct StepClocks {
+  static constexpr int kPhases = 6;
+  using Names = const char* const (&)[kPhases];  // one per phase, in the order of the marks
+#ifdef LLTM_STEP_CLOCKS
+  long long sum[kPhases] = {}, last = 0;
+  bool on = false;
+  __device__ void start() {
+    on = blockIdx.x == 0 && threadIdx.x == 0;
+    last = clock64();
+  }
+  __device__ __forceinline__ void mark(int phase) {
+    if (!on) return;
+    const long long now = clock64();
+    sum[phase] += now - last;
+    last = now;
+  }
+  __device__ void report(const char* what, Names names, int64_t steps, int rows, int units, int group,
+                         const char* dot) const {
+    if (!on || steps <= 0) return;
+    long long total = 0;
+    for (int i = 0; i < kPhases; ++i) total += sum[i];
+    printf(
+        "lltm step clocks: %s group=%d units=%d rows=%d dot=%s steps=%lld cycles/step: %s %lld, %s %lld, "
+        "%s %lld, %s %lld, %s %lld, %s %lld; total %lld\n",
+        what, group, units, rows, dot, static_cast<long long>(steps), names[0], sum[0] / steps, names[1],
+        sum[1] / steps, names[2], sum[2] / steps, names[3], sum[3] / steps, names[4], sum[4] / steps,
+        names[5], sum[5] / steps, total / steps);
+  }
+#else
+  __device__ void start() {}
+  __device__ __forceinline__ void mark(int) {}
+  __device__ void report(const char*, Names, int64_t, int, int, int, const char*) const {}
+#endif
+};
+
+// The dot a kernel runs, as the step clocks report it.
+template <bool kMma, bool kRegW>
+__device__ __forceinline__ const char* dot_name() {
+  return kMma ? "mma" : kRegW ? "fma-regs" : "fma-smem";
+}
+
+// The byte offset in a CTA's shared memory of the MMA dot's tile of partial
+// sums: past W_h's slice and the exchanged rows, 16-byte aligned.
+__device__ __forceinline__ int mma_tile_offset(int elems, int elem_bytes) {
+  return (elems * elem_bytes + 15) / 16 * 16;
+}
+
+}  // namespace cuda_detail
+}  // namespace lltm

@@ -1,0 +1,223 @@
+// Pointwise kernels of one time step of the step loop (rnn_cuda.cu: one
+// cuBLAS GEMM and one of these per step), and the recompute of the states,
+// for every cell (its traits, cells/cell.h, are a template parameter). They
+// add the variable-length rule to the cell's math: a row whose step t is past
+// its length keeps its states, writes output 0 and zero saved values, and in
+// backward passes its carried gradients on unchanged.
+#pragma once
+
+#include <ATen/OpMathType.h>
+
+#include "cell_math.cuh"
+#include "launch_utils.h"
+
+namespace lltm {
+namespace cuda_detail {
+
+constexpr int kSeqPointwiseThreads = 256;
+
+// Blocks of a grid-stride launch over `elements` (B * S) on `device`: one
+// element per thread, at most 8 blocks per multiprocessor.
+inline unsigned int pointwise_blocks(int64_t elements, c10::DeviceIndex device) {
+  const int64_t wanted = ceil_div(elements, kSeqPointwiseThreads);
+  return grid_size(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t(sm_count(device)) * 8)));
+}
+
+__device__ __forceinline__ bool row_active(const int64_t* lengths, int64_t b, int64_t t) {
+  return lengths == nullptr || t < lengths[b];
+}
+
+// A step's pointers into the loop's buffers, (B, n S) rows unless a leading
+// dimension says otherwise.
+template <typename scalar_t>
+struct StepForward {
+  const scalar_t* zx;      // (B, G S): x_t W_ih^T, plus h_{t-1} W_hh^T for cells without kSplit
+  const scalar_t* zh;      // (B, G S): h_{t-1} W_hh^T (kSplit), or null
+  const scalar_t* b_ih;    // (G S,) or null
+  const scalar_t* b_hh;    // (G S,) or null
+  const scalar_t* h_prev;  // (B, S) at b * h_ld + j
+  int64_t h_ld;
+  const scalar_t* s_prev;  // (NS - 1, B, S) at k B S + b * s_ld + j: the other states, or null
+  int64_t s_ld, s_stride;  // s_stride: elements between states k and k + 1
+  scalar_t* saved;         // (B, NV S): may be zx itself (NV == G)
+  scalar_t* output;        // (B, S): h_t, 0 past a row's length
+  scalar_t* h_next;        // (B, S): the carried h (h_prev past a row's length), or null: the output
+  scalar_t* s_next;        // (NS - 1, B, S) contiguous, or null
+  const int64_t* lengths;  // (B,) or null
+  int64_t t, batch, state;
+};
+
+template <typename Cell, typename scalar_t>
+__global__ void __launch_bounds__(kSeqPointwiseThreads)
+    rnn_forward_step_kernel(const StepForward<scalar_t> p) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using M = Activations<false>;
+  constexpr int G = Cell::kGates, NS = Cell::kStates, NV = Cell::kSaved;
+  const int64_t S = p.state, n = p.batch * S;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
+    const int64_t b = e / S;
+    const int64_t j = e - b * S;
+    acc_t old[NS];
+    old[0] = static_cast<acc_t>(p.h_prev[b * p.h_ld + j]);
+#pragma unroll
+    for (int k = 1; k < NS; ++k) old[k] = static_cast<acc_t>(p.s_prev[(k - 1) * p.s_stride + b * p.s_ld + j]);
+    scalar_t* sv_out = p.saved + b * NV * S + j;
+    if (!row_active(p.lengths, b, p.t)) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) sv_out[k * S] = scalar_t(0);
+#pragma unroll
+      for (int k = 1; k < NS; ++k) p.s_next[(k - 1) * n + e] = static_cast<scalar_t>(old[k]);
+      p.output[e] = scalar_t(0);
+      if (p.h_next != nullptr) p.h_next[e] = p.h_prev[b * p.h_ld + j];
+      continue;
+    }
+    acc_t zx[G], zh[G], next[NS], sv[NV];
+    const scalar_t* zxp = p.zx + b * G * S + j;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      zx[g] = static_cast<acc_t>(zxp[g * S]) +
+              (p.b_ih != nullptr ? static_cast<acc_t>(p.b_ih[g * S + j]) : acc_t(0));
+      zh[g] = p.zh != nullptr ? static_cast<acc_t>(p.zh[b * G * S + g * S + j]) : acc_t(0);
+      if (p.b_hh != nullptr) zh[g] += static_cast<acc_t>(p.b_hh[g * S + j]);
+    }
+    Cell::template forward<M>(zx, zh, old, next, sv);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) sv_out[k * S] = static_cast<scalar_t>(sv[k]);
+#pragma unroll
+    for (int k = 1; k < NS; ++k) p.s_next[(k - 1) * n + e] = static_cast<scalar_t>(next[k]);
+    const scalar_t h = static_cast<scalar_t>(next[0]);
+    p.output[e] = h;
+    if (p.h_next != nullptr) p.h_next[e] = h;
+  }
+}
+
+template <typename scalar_t>
+struct StepBackward {
+  using acc_t = at::opmath_type<scalar_t>;
+  const scalar_t* dh;        // (B, S): the carried gradient of h_t (without the output's)
+  const scalar_t* grad_out;  // (B, S) or null
+  acc_t* ds;                 // (NS - 1, B, S), in/out: the other states' carried gradients
+                             //   (float for half types: carried over all T steps)
+  const scalar_t* saved;     // (B, NV S)
+  const scalar_t* output_t;  // (B, S): h_t
+  const scalar_t* h_prev;    // (B, S) at b * h_ld + j: h_{t-1}
+  int64_t h_ld;
+  const scalar_t* s_new;  // (NS - 1, B, S) at k B S + e: the other states after step t, or null
+  const scalar_t* s_old;  // (NS - 1, B, S) at k s_stride + b * s_ld + j: before it, or null
+  int64_t s_ld, s_stride;
+  scalar_t* dzx;           // (B, G S)
+  scalar_t* dzh;           // (B, G S) for cells with kSplit, else null
+  scalar_t* dh_out;        // (B, S): the cell's direct d h_{t-1} (the GEMM adds dzh W_hh),
+                           //   or the carried dh past a row's length
+  const int64_t* lengths;  // (B,) or null
+  int64_t t, batch, state;
+};
+
+template <typename Cell, typename scalar_t>
+__global__ void __launch_bounds__(kSeqPointwiseThreads)
+    rnn_backward_step_kernel(const StepBackward<scalar_t> p) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using M = Activations<false>;
+  constexpr int G = Cell::kGates, NS = Cell::kStates, NV = Cell::kSaved;
+  const int64_t S = p.state, n = p.batch * S;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
+    const int64_t b = e / S;
+    const int64_t j = e - b * S;
+    scalar_t* dx = p.dzx + b * G * S + j;
+    scalar_t* dq = Cell::kSplit ? p.dzh + b * G * S + j : nullptr;
+    const acc_t dh = static_cast<acc_t>(p.dh[e]);
+    if (!row_active(p.lengths, b, p.t)) {
+      // The output is a constant 0 here: its gradient does not count.
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        dx[g * S] = scalar_t(0);
+        if constexpr (Cell::kSplit) dq[g * S] = scalar_t(0);
+      }
+      p.dh_out[e] = static_cast<scalar_t>(dh);
+      continue;
+    }
+    acc_t dnext[NS], old[NS], next[NS], sv[NV], dzx[G], dzh[G], ds[NS];
+    dnext[0] = dh + (p.grad_out != nullptr ? static_cast<acc_t>(p.grad_out[e]) : acc_t(0));
+    old[0] = Cell::kOldRead & 1u ? static_cast<acc_t>(p.h_prev[b * p.h_ld + j]) : acc_t(0);
+    next[0] = Cell::kNewRead & 1u ? static_cast<acc_t>(p.output_t[e]) : acc_t(0);
+#pragma unroll
+    for (int k = 1; k < NS; ++k) {
+      dnext[k] = p.ds[(k - 1) * n + e];
+      old[k] = Cell::kOldRead >> k & 1u ? static_cast<acc_t>(p.s_old[(k - 1) * p.s_stride + b * p.s_ld + j])
+                                        : acc_t(0);
+      next[k] = Cell::kNewRead >> k & 1u ? static_cast<acc_t>(p.s_new[(k - 1) * n + e]) : acc_t(0);
+    }
+    const scalar_t* svp = p.saved + b * NV * S + j;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) sv[k] = static_cast<acc_t>(svp[k * S]);
+    Cell::template backward<M>(dnext, old, next, sv, dzx, dzh, ds);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      dx[g * S] = static_cast<scalar_t>(dzx[g]);
+      if constexpr (Cell::kSplit) dq[g * S] = static_cast<scalar_t>(dzh[g]);
+    }
+#pragma unroll
+    for (int k = 1; k < NS; ++k) p.ds[(k - 1) * n + e] = ds[k];
+    p.dh_out[e] = static_cast<scalar_t>(ds[0]);
+  }
+}
+
+// The states other than h after every step, (NS - 1, T, B, S), from the
+// initial ones and the saved values (backward's input; forward does not keep
+// them), in the forward's order and rounding (the cell's recompute, in
+// acc_t, one thread per (row, unit) walking t; rows past their length keep
+// their states). The loads of kUnroll steps are issued before their math,
+// so a thread waits for memory once per kUnroll steps, not per step.
+template <typename Cell, typename scalar_t>
+__global__ void __launch_bounds__(kSeqPointwiseThreads)
+    rnn_states_kernel(const scalar_t* __restrict__ saved,  // (T, B, NV S)
+                      const scalar_t* __restrict__ s0,     // (NS - 1, B, S) at k s0_stride + b * s0_ld + j
+                      int64_t s0_ld, int64_t s0_stride,
+                      const int64_t* __restrict__ lengths,  // (B,) or null
+                      scalar_t* __restrict__ states,        // (NS - 1, T, B, S)
+                      int64_t steps, int64_t batch, int64_t state) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using M = Activations<false>;
+  constexpr int NS = Cell::kStates, NV = Cell::kSaved;
+  constexpr int kUnroll = 8;
+  const int64_t n = batch * state;
+  const int64_t saved_step = NV * n;  // elements between steps t and t + 1
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
+    const int64_t b = e / state;
+    const int64_t j = e - b * state;
+    const scalar_t* g = saved + b * NV * state + j;
+    const int64_t length = lengths == nullptr ? steps : lengths[b];
+    acc_t s[NS];
+    s[0] = acc_t(0);  // h: not rebuilt
+#pragma unroll
+    for (int k = 1; k < NS; ++k) s[k] = static_cast<acc_t>(s0[(k - 1) * s0_stride + b * s0_ld + j]);
+    for (int64_t t0 = 0; t0 < steps; t0 += kUnroll) {
+      acc_t sv[kUnroll][NV];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const bool in = t0 + u < steps;
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+          sv[u][k] = in ? static_cast<acc_t>(g[(t0 + u) * saved_step + k * state]) : acc_t(0);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t t = t0 + u;
+        if (t >= steps) break;
+        acc_t next[NS];
+        Cell::template recompute<M>(s, sv[u], next);
+#pragma unroll
+        for (int k = 1; k < NS; ++k) {
+          s[k] = t < length ? next[k] : s[k];
+          states[((k - 1) * steps + t) * n + e] = static_cast<scalar_t>(s[k]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace cuda_detail
+}  // namespace lltm
