@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
-from lltm import _backends, _registry, functional
+from lltm import _backends, _registry, cells, functional
 from lltm.reference import lltm_cell_reference
 
 Outputs = tuple[Tensor, ...]
@@ -28,6 +28,8 @@ ROWS: dict[str, str] = {
     "compile-ro": "the same, mode='reduce-overhead' (CUDA graphs; CUDA only)",
     "lstm": "nn.LSTMCell | nn.LSTM (cuDNN on GPU), same state size",
     "lstm-notf32": "nn.LSTM with torch.backends.cudnn.allow_tf32 = False (sequence mode, CUDA only)",
+    "gru": "nn.GRU (cuDNN on GPU), same state size (sequence mode)",
+    "gru-notf32": "nn.GRU with torch.backends.cudnn.allow_tf32 = False (sequence mode, CUDA only)",
     "fused-tf32": "lltm.LLTM(backend='fused') with torch.backends.cuda.matmul.allow_tf32 = True: TF32 wherever "
     "the layer runs cuBLAS or the persistent kernels' tensor-core dot (sequence mode, float32 on CUDA only); "
     "compare with lstm, as lstm-notf32 with fused",
@@ -81,6 +83,9 @@ class Config:
     # Forward under torch.autocast(device, autocast); parameters and inputs
     # stay `dtype`, backward runs outside the region (as autocast asks).
     autocast: Optional[torch.dtype] = None
+    # The cell of the lltm rows in sequence mode (lltm.cells): lltm.LLTM,
+    # lltm.LSTM or lltm.GRU; the peers nn.LSTM (lstm rows) and nn.GRU (gru rows).
+    cell: str = "lltm"
 
 
 def parse_rows(text: str) -> list[str]:
@@ -154,9 +159,9 @@ def precision(name: str, cfg: Config) -> str:
         return "fp32"
     if name == "fused-tf32":
         return "TF32"
-    if name == "lstm-notf32":
+    if name in ("lstm-notf32", "gru-notf32"):
         return "fp32"
-    if name == "lstm":
+    if name in ("lstm", "gru"):
         return "TF32" if torch.backends.cudnn.allow_tf32 else "fp32"
     return "TF32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
 
@@ -166,7 +171,7 @@ def _check_common(name: str, cfg: Config) -> None:
     cuda = cfg.device.type == "cuda"
     if name in BACKEND_ROWS and not _backends.is_available(name, cfg.device.type):
         raise Skip(f"backend {name!r} is not available on {cfg.device.type}")
-    if name in ("compile-ro", "lstm-notf32", "fused-tf32") and not cuda:
+    if name in ("compile-ro", "lstm-notf32", "gru-notf32", "fused-tf32") and not cuda:
         raise Skip("CUDA only")
     if name == "fused-tf32" and (cfg.dtype != torch.float32 or cfg.autocast is not None):
         raise Skip("float32 only (TF32 is a float32 setting)")
@@ -189,7 +194,7 @@ class _Random:
 def cell_case(name: str, cfg: Config) -> Case:
     """A row of the cell mode: one step, input (B, I), state (B, S)."""
     _check_common(name, cfg)
-    if name in ("lstm-notf32", "fused-tf32"):
+    if name in ("lstm-notf32", "gru", "gru-notf32", "fused-tf32"):
         raise Skip("sequence mode only")
     B, I, S = cfg.batch_size, cfg.features, cfg.state_size
     rand = _Random(cfg)
@@ -244,7 +249,7 @@ def seq_case(name: str, cfg: Config) -> Case:
     """A row of the sequence mode: one layer over T steps, time-major,
     input (T, B, I), loss on the output (T, B, S). Only the public modules
     are used, so whatever lltm.LLTM runs per backend is what is timed."""
-    from lltm.modules import LLTM
+    from lltm.modules import GRU, LLTM, LSTM
 
     _check_common(name, cfg)
     if name == "gemm":
@@ -254,14 +259,18 @@ def seq_case(name: str, cfg: Config) -> Case:
     x = rand(T, B, I, grad=not cfg.param_grads_only)
     grad_out = rand(T, B, S, grad=False)
     factory = {"device": cfg.device, "dtype": cfg.dtype}
-    note = f"lltm.LLTM, T={T}"
+    layer = {"lltm": LLTM, "lstm": LSTM, "gru": GRU}[cfg.cell]
+    note = f"lltm.{layer.__name__}, T={T}"
     if name in BACKEND_ROWS or name == "fused-tf32":
-        module: nn.Module = LLTM(I, S, backend="fused" if name == "fused-tf32" else name, **factory)
+        backend = "fused" if name == "fused-tf32" else name
+        if not _backends.is_available(backend, cfg.device.type, cells.get(cfg.cell).op_family()):
+            raise Skip(f"{backend} has no {cfg.cell} operators on {cfg.device.type}")
+        module: nn.Module = layer(I, S, backend=backend, **factory)
         call = module
         if name == "fused-tf32":
             note += ", torch.backends.cuda.matmul.allow_tf32 = True"
     elif name in ("compile", "compile-ro"):
-        module = LLTM(I, S, backend="python", **factory)
+        module = layer(I, S, backend="python", **factory)
         mode = "reduce-overhead" if name == "compile-ro" else None
         compiled = torch.compile(module, mode=mode, fullgraph=True)
 
@@ -270,11 +279,14 @@ def seq_case(name: str, cfg: Config) -> Case:
                 torch.compiler.cudagraph_mark_step_begin()
             return compiled(inp)
 
-        note = "torch.compile of lltm.LLTM(backend='python')" + (f", {mode}" if mode else "")
-    else:  # lstm, lstm-notf32
-        module = nn.LSTM(I, S, **factory)
+        note = f"torch.compile of lltm.{layer.__name__}(backend='python')" + (f", {mode}" if mode else "")
+    else:  # lstm, lstm-notf32, gru, gru-notf32
+        peer = nn.GRU if name.startswith("gru") else nn.LSTM
+        module = peer(I, S, **factory)
         call = module
-        note = "nn.LSTM, same state size" + (", cudnn.allow_tf32 = False" if name == "lstm-notf32" else "")
+        note = f"nn.{peer.__name__}, same state size" + (
+            ", cudnn.allow_tf32 = False" if name.endswith("notf32") else ""
+        )
 
     params = list(module.parameters())
 
@@ -284,7 +296,7 @@ def seq_case(name: str, cfg: Config) -> Case:
 
     backward = _autograd_backward((grad_out,), [x, *params], cfg.accumulate_grads)
     case = Case(name, fwd, backward, note=note, parameters=params, measure_peak=name != "compile-ro")
-    if name == "lstm-notf32":
+    if name.endswith("-notf32"):
         return _no_tf32(case)
     if name == "fused-tf32":
         return _within(case, lambda: _tf32(torch.backends.cuda.matmul, True))

@@ -26,6 +26,7 @@ from typing import Optional
 
 import torch
 
+from lltm import cells as lltm_cells
 from lltm.bench import cases, timing
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -70,7 +71,7 @@ def _peak_flops_per_us(dtype: torch.dtype, tensor_cores: bool) -> float:
     return per_sm * props.multi_processor_count * ghz * 1e3
 
 
-def floor_us(path: str, T: int, B: int, I: int, S: int, dtype: torch.dtype) -> float:
+def floor_us(path: str, T: int, B: int, I: int, S: int, dtype: torch.dtype, gates: int = 3) -> float:
     """The least time a path could take: the layer's GEMM FLOPs (projection,
     input and weight gradients) at the tensor-core or FMA peak cuBLAS would
     use, the recurrence's FLOPs (forward and backward) at the best peak the
@@ -87,14 +88,14 @@ def floor_us(path: str, T: int, B: int, I: int, S: int, dtype: torch.dtype) -> f
     else:
         mma = _peak_flops_per_us(dtype, tensor_cores=True) / (1 if halfs or tf32 else 3)
         recurrent_rate = max(mma, _peak_flops_per_us(dtype, tensor_cores=False))
-    gemm_flops = 2.0 * T * B * 3 * S * (3 * I + S)
-    recurrent_flops = 2 * 2.0 * T * B * 3 * S * S
+    gemm_flops = 2.0 * T * B * gates * S * (3 * I + S)
+    recurrent_flops = 2 * 2.0 * T * B * gates * S * S
     kind = "loop" if path == "loop" else ("grid" if path == "grid" else "cluster")
     return gemm_flops / gemm_rate + recurrent_flops / recurrent_rate + 2 * T * BARRIER_US[kind]
 
 
-def _plan(backward: bool, T: int, B: int, S: int, dtype: torch.dtype) -> str:
-    return torch.ops.lltm._fused_cuda_seq_plan(backward, T, B, S, dtype, torch.cuda.current_device())
+def _plan(backward: bool, T: int, B: int, S: int, dtype: torch.dtype, cell: str = "lltm") -> str:
+    return torch.ops.lltm._fused_cuda_seq_plan(backward, T, B, S, dtype, torch.cuda.current_device(), cell)
 
 
 def _chosen(report: str) -> str:
@@ -115,15 +116,24 @@ def _build(name: str, cfg: cases.Config) -> Optional[cases.Case]:
     return case
 
 
-def sweep_point(T: int, B: int, S: int, dtype: torch.dtype, paths: list[str], rounds: int, mrt: float) -> dict:
+def sweep_point(
+    T: int, B: int, S: int, dtype: torch.dtype, paths: list[str], rounds: int, mrt: float, cell: str = "lltm"
+) -> dict:
     """Every row of one grid point, timed in `rounds` interleaved rounds (each
-    row once per round, in turn), so a slow spell of the device hits them alike."""
-    cfg = cases.Config(batch_size=B, features=S, state_size=S, seq=T, device=torch.device("cuda"), dtype=dtype, seed=0)
-    floors = {kind: floor_us(kind, T, B, S, S, dtype) for kind in ("cluster", "grid", "loop")}
-    point: dict = {"T": T, "B": B, "I": S, "S": S, "times": {}, "plans": {}, "floors": floors, "graphs": {}}
+    row once per round, in turn), so a slow spell of the device hits them alike.
+    The peer rows are torch's module on cuDNN (nn.GRU for the gru cell, else
+    nn.LSTM), named "lstm" and "lstm-notf32" in the point either way."""
+    cfg = cases.Config(
+        batch_size=B, features=S, state_size=S, seq=T, device=torch.device("cuda"), dtype=dtype, seed=0, cell=cell
+    )
+    gates = lltm_cells.get(cell).gates
+    floors = {kind: floor_us(kind, T, B, S, S, dtype, gates) for kind in ("cluster", "grid", "loop")}
+    point: dict = {"T": T, "B": B, "I": S, "S": S, "cell": cell, "times": {}, "plans": {}, "floors": floors}
+    point["graphs"] = {}
     # row -> (bench row, LLTM_SEQ_PATH setting); the fused rows differ only in the path they force
     rows = {name: ("fused", name) for name in paths + ["auto"]}
-    rows.update({"lstm": ("lstm", "auto"), "lstm-notf32": ("lstm-notf32", "auto")})
+    peer = "gru" if cell == "gru" else "lstm"
+    rows.update({"lstm": (peer, "auto"), "lstm-notf32": (f"{peer}-notf32", "auto")})
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         rows["auto-tf32"] = ("fused-tf32", "auto")
     built: dict[str, cases.Case] = {}
@@ -136,7 +146,7 @@ def sweep_point(T: int, B: int, S: int, dtype: torch.dtype, paths: list[str], ro
             if case is not None:
                 built[name], got[name] = case, []
                 if row == "fused":
-                    point["plans"][name] = [_plan(bw, T, B, S, dtype) for bw in (False, True)]
+                    point["plans"][name] = [_plan(bw, T, B, S, dtype, cell) for bw in (False, True)]
         for _ in range(rounds):
             for name, case in built.items():
                 _set_path(rows[name][1])
@@ -152,7 +162,7 @@ def sweep_point(T: int, B: int, S: int, dtype: torch.dtype, paths: list[str], ro
             statistics.median(f for f, _ in samples) * 1e6,
             statistics.median(b for _, b in samples) * 1e6,
         )
-    point["picked"] = [_chosen(_plan(bw, T, B, S, dtype)) for bw in (False, True)]
+    point["picked"] = [_chosen(_plan(bw, T, B, S, dtype, cell)) for bw in (False, True)]
     return point
 
 
@@ -189,6 +199,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--states", default="128,256,512,1024", help="state sizes; the input size is the same")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument(
+        "--cell", choices=sorted(lltm_cells.BUILT_IN), default="lltm", help="the layer's cell (peer: nn.GRU for gru)"
+    )
     parser.add_argument("--paths", default="cluster4,cluster8,cluster16,cluster-mma,grid,grid-mma,loop,nocluster")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--min-run-time", type=float, default=0.05)
@@ -211,7 +224,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if dtype == torch.float32:
         precision = "TF32 allowed" if torch.backends.cuda.matmul.allow_tf32 else "strict fp32 (TF32 off)"
     print(
-        f"fused sequence time loops, T={opts.steps}, I=S, {opts.dtype} {precision}, "
+        f"fused sequence time loops, cell {opts.cell}, T={opts.steps}, I=S, {opts.dtype} {precision}, "
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; f+b µs (Timer medians of {opts.rounds} rounds)"
     )
     head = ["B x S"] + paths + ["auto (fwd/bwd pick)", "auto / best", "lstm", "lstm strict", "/ lstm", "/ strict"]
@@ -225,13 +238,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     points = []
     for B in (int(b) for b in opts.batches.split(",")):
         for S in (int(s) for s in opts.states.split(",")):
-            point = sweep_point(opts.steps, B, S, dtype, paths, opts.rounds, opts.min_run_time)
+            point = sweep_point(opts.steps, B, S, dtype, paths, opts.rounds, opts.min_run_time, opts.cell)
             points.append(point)
             print(format_point(point, paths), flush=True)
             torch.cuda.empty_cache()
             if opts.json:  # after every point: a run cut short keeps what it measured
                 with open(opts.json, "w") as f:
                     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": opts.dtype}
+                    meta["cell"] = opts.cell
                     json.dump({**meta, "points": points}, f, indent=1)
     print(summary(points, paths))
     return 0
