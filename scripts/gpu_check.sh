@@ -3,8 +3,11 @@
 #
 #   scripts/gpu_check.sh [STAGE ...]     (default: all stages, in this order)
 #
-#   build     pip install --no-build-isolation -e . for sm_90 (TORCH_CUDA_ARCH_LIST)
+#   build     setup.py build_ext --inplace for sm_90 (TORCH_CUDA_ARCH_LIST)
+#   oldbuild  (not in the default list) the same for the tree in $OLD_TREE (a `git archive` of an
+#             earlier commit, e.g. the landed kernels), for side-by-side timings (regress)
 #   test      pytest tests/test_cuda.py (the fused CUDA backend)
+#   cells     pytest tests/test_cells.py on CUDA: LSTM and GRU on every backend and time loop
 #   seq       pytest of the sequence operators, their CUDA time loops and the
 #             layer on CUDA (tests/test_seq.py, tests/test_seq_paths.py,
 #             tests/test_layer.py, -k cuda)
@@ -51,7 +54,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY=$OUT/summary.txt
 SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test seq testall sanitize check benchseq seqsweep profile sweep bench memory train compile)
+[ ${#stages[@]} -eq 0 ] && stages=(build test cells seq testall sanitize check benchseq seqsweep profile sweep bench memory train compile)
 status=0
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -87,9 +90,18 @@ run_stage() {  # name, limit in seconds, command...
 for stage in "${stages[@]}"; do
   case "$stage" in
     build)
-      run_stage build "${BUILD_LIMIT:-480}" "$PYTHON" -m pip install --no-build-isolation --no-deps -v -e . \
-        || run_stage build "${BUILD_LIMIT:-480}" "$PYTHON" setup.py build_ext --inplace
+      run_stage build "${BUILD_LIMIT:-480}" "$PYTHON" setup.py build_ext --inplace
       "$PYTHON" -c 'import lltm._C' >>"$OUT/build.log" 2>&1 || { note "build: import lltm._C failed"; status=1; }
+      ;;
+    oldbuild)
+      (cd "${OLD_TREE:?set OLD_TREE to the earlier tree}" && run_stage oldbuild "${BUILD_LIMIT:-480}" "$PYTHON" setup.py build_ext --inplace)
+      ;;
+    cells)
+      if [ "${PYTEST_WORKERS:-4}" = 0 ]; then xdist=(-p no:xdist); else xdist=(-n "${PYTEST_WORKERS:-4}"); fi
+      run_stage cells "${TEST_LIMIT:-420}" "$PYTHON" -m pytest tests/test_cells.py -q -rfEs -p no:cacheprovider \
+        -k "cuda" "${xdist[@]}" ${PYTEST_ARGS:-}
+      tail -n 1 "$OUT/cells.log" | sed 's/^/          /' | tee -a "$SUMMARY"
+      grep -E "^(FAILED|ERROR)" "$OUT/cells.log" | head -n 20 | sed 's/^/          /' | tee -a "$SUMMARY"
       ;;
     test)
       run_stage test "${TEST_LIMIT:-420}" "$PYTHON" -m pytest tests/test_cuda.py -q -rfEs -p no:cacheprovider ${PYTEST_ARGS:-}
@@ -99,6 +111,7 @@ for stage in "${stages[@]}"; do
       run_stage seq "${TEST_LIMIT:-420}" "$PYTHON" -m pytest tests/test_seq.py tests/test_seq_paths.py \
         tests/test_layer.py -q -rfEs -p no:cacheprovider -k "cuda or paths" ${PYTEST_ARGS:-}
       tail -n 1 "$OUT/seq.log" | sed 's/^/          /' | tee -a "$SUMMARY"
+      grep -E "^(FAILED|ERROR)" "$OUT/seq.log" | head -n 20 | sed 's/^/          /' | tee -a "$SUMMARY"
       # the aten backend's float32 error at T = 3000 against the python backend's
       grep -A5 "^T=3000 float32 on cuda" "$OUT/seq.log" >>"$SUMMARY"
       ;;
