@@ -8,6 +8,11 @@
 #             earlier commit, e.g. the landed kernels), for side-by-side timings (regress)
 #   test      pytest tests/test_cuda.py (the fused CUDA backend)
 #   cells     pytest tests/test_cells.py on CUDA: LSTM and GRU on every backend and time loop
+#   regress   (not in the default list; after build and oldbuild) the planner's pick of the fused
+#             LLTM layer over the seq_sweep grid in this tree and in $OLD_TREE, the two runs
+#             alternating per dtype (REGRESS_DTYPES), compared point by point (lbench.compare_sweeps)
+#   cellsweep (not in the default list) seq_sweep of lltm.LSTM and lltm.GRU against nn.LSTM / nn.GRU
+#             (CELLSWEEP_CELLS, CELLSWEEP_DTYPES, CELLSWEEP_ARGS)
 #   seq       pytest of the sequence operators, their CUDA time loops and the
 #             layer on CUDA (tests/test_seq.py, tests/test_seq_paths.py,
 #             tests/test_layer.py, -k cuda)
@@ -138,6 +143,25 @@ for stage in "${stages[@]}"; do
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -n 2 \
           | sed "s/^/          $tool: /" | tee -a "$SUMMARY"
       done
+      ;;
+    regress)
+      for dtype in ${REGRESS_DTYPES:-float32 bfloat16}; do
+        (cd "${OLD_TREE:?set OLD_TREE}" && run_stage regress "${SWEEP_LIMIT:-300}" "$PYTHON" -m lltm.bench.seq_sweep \
+          --dtype "$dtype" --paths "" --json "$OUT/regress_old_$dtype.json" ${REGRESS_ARGS:-})
+        run_stage regress "${SWEEP_LIMIT:-300}" "$PYTHON" -m lltm.bench.seq_sweep --dtype "$dtype" --paths "" \
+          --json "$OUT/regress_new_$dtype.json" ${REGRESS_ARGS:-}
+        "$PYTHON" -m lltm.bench.compare_sweeps "$OUT/regress_old_$dtype.json" "$OUT/regress_new_$dtype.json" \
+          | tee -a "$OUT/regress.log" | grep -E "^(auto|float|bfloat|half)" >>"$SUMMARY"
+      done
+      ;;
+    cellsweep)
+      for cell in ${CELLSWEEP_CELLS:-lstm gru}; do
+        for dtype in ${CELLSWEEP_DTYPES:-float32 bfloat16}; do
+          run_stage cellsweep "${SWEEP_LIMIT:-300}" "$PYTHON" -m lltm.bench.seq_sweep --cell "$cell" --dtype "$dtype" \
+            --json "$OUT/cellsweep_${cell}_$dtype.json" ${CELLSWEEP_ARGS:-}
+        done
+      done
+      grep -E "^(\||fused|auto)" "$OUT/cellsweep.log" >>"$SUMMARY"
       ;;
     profile)
       run_stage profile 240 "$PYTHON" -m lltm.bench.cuda_profile
