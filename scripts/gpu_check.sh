@@ -11,6 +11,8 @@
 #   regress   (not in the default list; after build and oldbuild) the planner's pick of the fused
 #             LLTM layer over the seq_sweep grid in this tree and in $OLD_TREE, the two runs
 #             alternating per dtype (REGRESS_DTYPES), compared point by point (lbench.compare_sweeps)
+#   sanitizecells  compute-sanitizer memcheck and racecheck over the cells' CUDA time loops
+#   resources (not in the default list) registers / stack / local memory of every persistent kernel
 #   cellsweep (not in the default list) seq_sweep of lltm.LSTM and lltm.GRU against nn.LSTM / nn.GRU
 #             (CELLSWEEP_CELLS, CELLSWEEP_DTYPES, CELLSWEEP_ARGS)
 #   seq       pytest of the sequence operators, their CUDA time loops and the
@@ -38,8 +40,9 @@
 #             python -m lltm.bench.train_step (steady steps interleaved, the modes' costliest
 #             ops), then two real runs whose summaries give warm-up and steady state apart
 #
-# Logs go to $OUT (default ./gpu_check_out): summary.txt, printed last, and
-# logs.tar.gz with one log per stage (and JSON results). Stages do not stop the script
+# Logs go to $OUT (default ./gpu_check_out): summary.txt, printed last (summaries.txt keeps
+# those of every run into the same $OUT), and logs-<time>-<pid>.tar.gz with one log per
+# stage (and JSON results). Stages do not stop the script
 # when they fail; the exit code is non-zero if any did.
 # Environment: PYTHON, TORCH_CUDA_ARCH_LIST (default 9.0), MAX_JOBS, BENCH_DEVICE,
 # BENCH_SIZES (e.g. "16x32x128 4096x1024x1024"), BENCH_DTYPES, BENCH_ARGS,
@@ -163,6 +166,24 @@ for stage in "${stages[@]}"; do
       done
       grep -E "^(\||fused|auto)" "$OUT/cellsweep.log" >>"$SUMMARY"
       ;;
+    sanitizecells)
+      # the seam's cells in every CUDA time loop: memcheck and racecheck
+      kcells=${SANITIZE_CELLS_K:-"test_cuda_paths_match_reference and (7x5x3x17 or 3x1x4x1 or 5x33x8x70)"}
+      for tool in memcheck racecheck; do
+        run_stage sanitizecells "${SANITIZE_LIMIT:-420}" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+          "$SANITIZER" --tool "$tool" --error-exitcode 3 --print-limit 20 \
+          "$PYTHON" -m pytest tests/test_cells.py -q -p no:cacheprovider -k "$kcells"
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitizecells.log" | tail -n 2 \
+          | sed "s/^/          $tool: /" | tee -a "$SUMMARY"
+      done
+      ;;
+    resources)
+      # registers, stack and spills of every persistent kernel (this build, and $OLD_TREE's if set)
+      for tree in . ${OLD_TREE:-}; do
+        cuobjdump --dump-resource-usage "$tree"/lltm/_C*.so 2>/dev/null | grep -A1 "persistent_kernel" \
+          >"$OUT/resources_$(basename "$(cd "$tree" && pwd)").txt"
+      done
+      ;;
     profile)
       run_stage profile 240 "$PYTHON" -m lltm.bench.cuda_profile
       ;;
@@ -256,9 +277,12 @@ EOF
   esac
 done
 
-# Few files come back from a device machine: pack every log into one archive.
-(cd "$OUT" && ls | grep -v -e '^summary.txt$' -e '^logs.tar.gz$' >"$OUT/.files" \
-  && tar czf logs.tar.gz -T .files && xargs rm -f <.files; rm -f .files) 2>/dev/null
+# Few files come back from a device machine: pack this run's logs into one archive (a
+# later run in the same $OUT adds one of its own) and keep the summaries of every run.
+ARCHIVE=logs-$(date -u +%H%M%S)-$$.tar.gz
+(cd "$OUT" && ls -p | grep -v -e '/$' -e '^summary' -e '^logs.*\.tar\.gz$' >"$OUT/.files" \
+  && tar czf "$ARCHIVE" -T .files && xargs rm -f <.files; rm -f .files) 2>/dev/null
+cat "$SUMMARY" >>"$OUT/summaries.txt"
 echo "================ summary ================"
 cat "$SUMMARY"
 exit $status

@@ -358,7 +358,7 @@ def test_plan_report_names_the_choice(monkeypatch):
     for backward in (False, True):
         report = _plan(backward, 100, 64, 256)
         first = report.splitlines()[0]
-        assert first.startswith("backward" if backward else "forward")
+        assert first.startswith("lltm " + ("backward" if backward else "forward"))  # the cell, then the direction
         chosen = first.rsplit(": ", 1)[1]
         assert chosen in PATHS
         assert any(line.strip().startswith(chosen) and "model_us=" in line for line in report.splitlines()[1:])
