@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from lltm import _backends, _extension
-from lltm._checks import bias_vector, check_cell_args, check_seq_args, check_tensors
+from lltm._checks import bias_vector, check_cell_args, check_seq_args, check_tensors, lengths_arg
 from lltm.reference import lltm_cell_reference, lltm_reference
 
 __all__ = ["lltm_cell", "lltm"]
@@ -80,6 +80,16 @@ def lltm(
     its state after its last step), as in a PackedSequence.
     Returns (output (T, B, S), (h_n (B, S), c_n (B, S))).
 
+    lengths: any integer dtype but bool, on the CPU or on the input's
+    device; each value in [0, T], else ValueError naming the entry. The
+    values are checked on every backend, except where they cannot be read:
+    while torch.compile or torch.export trace the call, and inside a CUDA
+    graph capture. Lengths on a GPU cost one synchronisation for that check:
+    pass them on the CPU (as pack_padded_sequence asks) to avoid it. The
+    operators torch.ops.lltm.<backend>_seq_forward called directly take
+    int64 lengths on the input's device and check the values on the CPU
+    only (a GPU operator never reads them on the host).
+
     The compiled backends run the whole layer as one operator (one autograd
     node, any T); "python" loops over the reference step.
     """
@@ -91,10 +101,7 @@ def lltm(
         raise ValueError(
             f"{op_name}: expected input to be a 3-D tensor (seq_len, batch, input_features), but got {shape}"
         )
-    if lengths is not None:
-        if not isinstance(lengths, Tensor) or lengths.is_floating_point() or lengths.is_complex():
-            raise TypeError(f"{op_name}: expected lengths to be an integer tensor of shape (batch,)")
-        lengths = lengths.to(device=input.device, dtype=torch.int64)
+    lengths = lengths_arg(op_name, lengths, input)
     name = _backends.resolve(backend, input.device.type, "seq")
     if name == "python":
         check_seq_args(op_name, input, weights, bias, h0, c0, lengths)
