@@ -6,6 +6,12 @@ torch.ops.lltm.<backend>_cell_forward (one step) and
 torch.ops.lltm.<backend>_seq_forward (a whole layer: the time loop runs
 inside the operator, one autograd node whatever T), whose autograd formulas
 are the matching <backend>_*_backward operators.
+
+Output dtype, one rule for every backend: outside torch.autocast the outputs
+have the arguments' dtype (which must be one); inside an autocast region for
+the input's device, the float32 / float16 / bfloat16 arguments are cast to
+the autocast dtype (float64 ones are left alone, as autocast does) and the
+outputs come back in it, like nn.Linear and nn.LSTM under autocast.
 """
 
 from __future__ import annotations
@@ -36,6 +42,31 @@ def _forward_op(name: str, family: str = "cell"):
     return op
 
 
+def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The dtype an autocast region enabled for `device_type` runs the LLTM in, or None."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
+def autocast_args(device_type: str, *args: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
+    """The arguments as the compiled operators' autocast rule casts them
+    (lltm/csrc/autocast.h): inside an autocast region for `device_type`,
+    float32 / float16 / bfloat16 tensors on that device in the autocast
+    dtype; float64, integer tensors and None as they are. The python
+    backend runs on them, so its outputs have the dtype the compiled
+    backends return."""
+    dtype = autocast_dtype(device_type)
+    if dtype is None:
+        return args
+    return tuple(
+        a.to(dtype)
+        if isinstance(a, Tensor) and a.is_floating_point() and a.dtype != torch.float64 and a.device.type == device_type
+        else a
+        for a in args
+    )
+
+
 def lltm_cell(
     input: Tensor,
     weights: Tensor,
@@ -56,6 +87,7 @@ def lltm_cell(
     bias = bias_vector(op, bias)
     name = _backends.resolve(backend, input.device.type)
     if name == "python":
+        input, weights, bias, old_h, old_cell = autocast_args(input.device.type, input, weights, bias, old_h, old_cell)
         check_cell_args("lltm.functional.lltm_cell", input, weights, bias, old_h, old_cell)
         return lltm_cell_reference(input, weights, bias, old_h, old_cell)
     new_h, new_cell, _ = _forward_op(name)(input, weights, bias, old_h, old_cell)
@@ -104,6 +136,7 @@ def lltm(
     lengths = lengths_arg(op_name, lengths, input)
     name = _backends.resolve(backend, input.device.type, "seq")
     if name == "python":
+        input, weights, bias, h0, c0 = autocast_args(input.device.type, input, weights, bias, h0, c0)
         check_seq_args(op_name, input, weights, bias, h0, c0, lengths)
         return lltm_reference(input, weights, bias, h0, c0, lengths)
     output, h_n, c_n, _ = _forward_op(name, "seq")(input, weights, bias, h0, c0, lengths)
