@@ -12,6 +12,12 @@ have the arguments' dtype (which must be one); inside an autocast region for
 the input's device, the float32 / float16 / bfloat16 arguments are cast to
 the autocast dtype (float64 ones are left alone, as autocast does) and the
 outputs come back in it, like nn.Linear and nn.LSTM under autocast.
+
+torch.func: vmap, grad, vjp and jacrev (per-sample gradients through
+torch.func.functional_call included) work with every backend; under those
+transforms the compiled backends run through the Python autograd Function of
+lltm/_functorch.py, over the same operators. Forward-mode AD (jvp, jacfwd,
+hessian) and gradients of gradients need backend="python".
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from lltm import _backends, _extension
+from lltm import _backends, _extension, _functorch
 from lltm._checks import bias_vector, check_cell_args, check_seq_args, check_tensors, lengths_arg
 from lltm.reference import lltm_cell_reference, lltm_reference
 
@@ -40,6 +46,29 @@ def _forward_op(name: str, family: str = "cell"):
         _extension.load()
         op = _FORWARD_OPS[(name, family)] = getattr(torch.ops.lltm, f"{name}_{family}_forward").default
     return op
+
+
+_FUNCTORCH_READY = False
+
+
+def _call(op_name: str, name: str, family: str, *args: Optional[Tensor]) -> tuple[Tensor, ...]:
+    """The compiled forward operator of (backend `name`, `family`), through
+    its C++ autograd; under a torch.func transform (which refuses C++
+    autograd Functions) through the Python autograd Function over the same
+    operators (lltm/_functorch.py)."""
+    if torch.compiler.is_compiling() or not _functorch.active():
+        return _forward_op(name, family)(*args)
+    global _FUNCTORCH_READY
+    if not _FUNCTORCH_READY:
+        _extension.load()
+        from lltm import _meta
+
+        _functorch.register_all(_meta.COMPILED_BACKENDS)
+        _FUNCTORCH_READY = True
+    _functorch.check_transforms(op_name, name)
+    # The operators' autocast rule casts below autograd; the Function saves
+    # what it is given, so it must be given the cast arguments.
+    return _functorch.apply(family, name, *autocast_args(args[0].device.type, *args))
 
 
 def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
@@ -90,7 +119,7 @@ def lltm_cell(
         input, weights, bias, old_h, old_cell = autocast_args(input.device.type, input, weights, bias, old_h, old_cell)
         check_cell_args("lltm.functional.lltm_cell", input, weights, bias, old_h, old_cell)
         return lltm_cell_reference(input, weights, bias, old_h, old_cell)
-    new_h, new_cell, _ = _forward_op(name)(input, weights, bias, old_h, old_cell)
+    new_h, new_cell, _ = _call(op, name, "cell", input, weights, bias, old_h, old_cell)
     return new_h, new_cell
 
 
@@ -139,5 +168,5 @@ def lltm(
         input, weights, bias, h0, c0 = autocast_args(input.device.type, input, weights, bias, h0, c0)
         check_seq_args(op_name, input, weights, bias, h0, c0, lengths)
         return lltm_reference(input, weights, bias, h0, c0, lengths)
-    output, h_n, c_n, _ = _forward_op(name, "seq")(input, weights, bias, h0, c0, lengths)
+    output, h_n, c_n, _ = _call(op_name, name, "seq", input, weights, bias, h0, c0, lengths)
     return output, (h_n, c_n)

@@ -94,3 +94,14 @@ def test_modules_follow_the_rule(device, backend):
         out, (h_n, c_n) = layer(x)
         h, c = cell(x[0])
     assert {t.dtype for t in (out, h_n, c_n, h, c)} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("device,backend", BACKENDS)
+def test_rule_holds_under_vmap(device, backend):
+    """Under torch.func transforms the compiled backends run through a Python
+    autograd Function: the same rule."""
+    args = _args()
+    xs = torch.stack([args[0], -args[0]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.vmap(lambda x: _layer([x, *args[1:]], backend)[0])(xs)
+    assert out.dtype == torch.bfloat16
