@@ -218,7 +218,7 @@ def _readable(t: Tensor) -> Optional[Tensor]:
     can be read now, or None where reading them is impossible (tracing by
     torch.compile / torch.export, fake or meta tensors) or would break a
     CUDA graph capture."""
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if torch.compiler.is_compiling() or getattr(torch.compiler, "is_exporting", lambda: False)():
         return None
     functorch = torch._C._functorch
     while functorch.is_functorch_wrapped_tensor(t):
