@@ -48,9 +48,6 @@ def _forward_op(name: str, family: str = "cell"):
     return op
 
 
-_FUNCTORCH_READY = False
-
-
 def _call(op_name: str, name: str, family: str, *args: Optional[Tensor]) -> tuple[Tensor, ...]:
     """The compiled forward operator of (backend `name`, `family`), through
     its C++ autograd; under a torch.func transform (which refuses C++
@@ -58,13 +55,7 @@ def _call(op_name: str, name: str, family: str, *args: Optional[Tensor]) -> tupl
     operators (lltm/_functorch.py)."""
     if torch.compiler.is_compiling() or not _functorch.active():
         return _forward_op(name, family)(*args)
-    global _FUNCTORCH_READY
-    if not _FUNCTORCH_READY:
-        _extension.load()
-        from lltm import _meta
-
-        _functorch.register_all(_meta.COMPILED_BACKENDS)
-        _FUNCTORCH_READY = True
+    _extension.load()  # the operators, their fake kernels and vmap rules (lltm/_meta.py)
     _functorch.check_transforms(op_name, name)
     # The operators' autocast rule casts below autograd; the Function saves
     # what it is given, so it must be given the cast arguments.

@@ -202,3 +202,34 @@ def test_outside_transforms_the_cpp_autograd_runs(backend):
     x, W, b, h0, c0 = (a.requires_grad_(True) for a in _seq_args())
     out, _ = functional.lltm(x, W, b, h0, c0, backend=backend)
     assert "Python" not in type(out.grad_fn).__name__ and "CppFunction" in type(out.grad_fn).__name__
+
+
+@pytest.mark.parametrize("backend", COMPILED)
+def test_operators_called_directly_under_vmap(backend):
+    """The vmap rules are registered on the operators themselves (lltm/_meta.py), so
+    torch.vmap over torch.ops.lltm.<backend>_seq_forward works too."""
+    x, W, b, h0, c0 = _seq_args()
+    xs = torch.randn(N, *x.shape, dtype=DT)
+    op = getattr(torch.ops.lltm, f"{backend}_seq_forward")
+    got = torch.vmap(op, in_dims=(0, None, None, None, None, None))(xs, W, b, h0, c0, LENGTHS)
+    for k in range(N):
+        for g, e in zip(got, op(xs[k], W, b, h0, c0, LENGTHS)):
+            torch.testing.assert_close(g[k], e)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", COMPILED)
+def test_per_sample_gradients_cuda(backend):
+    torch.manual_seed(0)
+    model = lltm.LLTM(I, S, backend=backend, device="cuda", dtype=DT)
+    xs = torch.randn(N, T, I, device="cuda", dtype=DT)
+
+    def loss(params, x):
+        out, _ = functional_call(model, params, (x.unsqueeze(1),))
+        return out.pow(2).sum()
+
+    params = _params(model)
+    got = vmap(grad(loss), in_dims=(None, 0))(params, xs)
+    expected = _per_sample_loop(model, params, xs, loss)
+    for name in got:
+        torch.testing.assert_close(got[name], expected[name], msg=name)
