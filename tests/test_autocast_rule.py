@@ -105,3 +105,14 @@ def test_rule_holds_under_vmap(device, backend):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = torch.vmap(lambda x: _layer([x, *args[1:]], backend)[0])(xs)
     assert out.dtype == torch.bfloat16
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("device,backend", backend_params(devices=["cuda"]))
+@pytest.mark.parametrize("run", [_cell, _layer], ids=["cell", "layer"])
+def test_outputs_in_autocast_dtype_cuda(device, backend, run, dtype):
+    args = [a.cuda() for a in _args()]
+    with torch.autocast("cuda", dtype=dtype):
+        outs = run(args, backend)
+    assert {o.dtype for o in outs} == {dtype}
