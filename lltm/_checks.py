@@ -169,13 +169,84 @@ def check_seq_args(
         _rank(op, lengths, "lengths", 1, "(batch,)")
         _sizes(op, lengths, "lengths", (batch,), "(batch,)")
         if lengths.dtype != torch.int64:
-            raise TypeError(f"{op}: expected lengths of dtype Long (int64), but got {_dtype(lengths.dtype)}")
+            raise TypeError(
+                f"{op}: expected lengths of dtype Long (int64), but got {_dtype(lengths.dtype)} "
+                "(convert it with lengths.to(torch.int64))"
+            )
         if lengths.device != input.device:
             raise RuntimeError(
                 f"{op}: expected lengths on device {input.device} like input, "
                 f"but got {lengths.device} (move all arguments to one device)"
             )
     return steps, batch, features, state
+
+
+def lengths_arg(op: str, lengths: Any, input: Tensor) -> Optional[Tensor]:
+    """`lengths` of a layer call, as a user passes it: None, or a (batch,)
+    tensor of an integer dtype (not bool) on the CPU or on the input's device,
+    each value in [0, seq_len]. Returns it as the operators take it: int64 on
+    the input's device.
+
+    The values are checked wherever they can be read: always on the CPU (free),
+    on a GPU at the cost of one synchronisation (pass lengths on the CPU, as
+    torch.nn.utils.rnn.pack_padded_sequence asks, to avoid it); not while
+    torch.compile or torch.export trace (the values are data-dependent there)
+    nor while a CUDA graph is being captured (reading them would break the
+    capture).
+    """
+    if lengths is None:
+        return None
+    _tensor(op, lengths, "lengths", "(batch,)")
+    if lengths.dtype == torch.bool or lengths.is_floating_point() or lengths.is_complex():
+        raise TypeError(
+            f"{op}: expected lengths to be an integer tensor of shape (batch,), but got dtype {_dtype(lengths.dtype)}"
+            + (" (a mask is not lengths: mask.sum(0) gives them)" if lengths.dtype == torch.bool else "")
+        )
+    if lengths.device.type != "cpu" and lengths.device != input.device:
+        raise RuntimeError(
+            f"{op}: expected lengths on the CPU or on device {input.device} like input, "
+            f"but got {lengths.device} (move lengths to the CPU)"
+        )
+    _rank(op, lengths, "lengths", 1, "(batch,)")
+    _sizes(op, lengths, "lengths", (input.shape[1],), "(batch,)")
+    check_length_values(op, lengths, input.shape[0])
+    return lengths.to(device=input.device, dtype=torch.int64)
+
+
+def _readable(t: Tensor) -> Optional[Tensor]:
+    """The plain tensor under functorch's wrappers (vmap, grad) whose values
+    can be read now, or None where reading them is impossible (tracing by
+    torch.compile / torch.export, fake or meta tensors) or would break a
+    CUDA graph capture."""
+    if torch.compiler.is_compiling() or getattr(torch.compiler, "is_exporting", lambda: False)():
+        return None
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(t):
+        t = functorch.get_unwrapped(t)
+    if type(t) not in (Tensor, torch.nn.Parameter) or t.device.type == "meta":
+        return None  # FakeTensor, FunctionalTensor, ... : no values
+    if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    return t
+
+
+def check_length_values(op: str, lengths: Tensor, steps: int) -> None:
+    """0 <= lengths[b] <= seq_len for every row b, where the values can be
+    read (see lengths_arg); the same message as the C++ operators' check."""
+    values = _readable(lengths)
+    if values is None or values.numel() == 0:
+        return
+    low, high = torch.aminmax(values)
+    low, high = torch.stack([low, high]).tolist()  # one synchronisation on a GPU
+    if low >= 0 and high <= steps:
+        return
+    flat = values.flatten()
+    bad = int(((flat < 0) | (flat > steps)).nonzero()[0])
+    # Under vmap the unwrapped lengths carry the vmapped dimension too: name the value only.
+    where = f"lengths[{bad}]" if values.dim() == 1 else "an entry of lengths"
+    raise ValueError(
+        f"{op}: expected 0 <= lengths[b] <= seq_len = {steps} for every row b, but got {where} = {int(flat[bad])}"
+    )
 
 
 def bias_vector(op: str, bias: Optional[Tensor]) -> Optional[Tensor]:

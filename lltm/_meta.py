@@ -1,4 +1,5 @@
-"""Fake (meta) kernels of the lltm operators, for torch.compile and export.
+"""Fake (meta) kernels of the lltm operators, for torch.compile and export,
+and their vmap rules (lltm/_functorch.py), for torch.func.
 
 Every backend returns the same shapes and (contiguous) strides on every
 device, so one fake kernel per operator family serves all backends; the
@@ -12,6 +13,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from lltm import _functorch
 from lltm._checks import check_cell_args, check_seq_args
 
 
@@ -103,6 +105,10 @@ for _backend in COMPILED_BACKENDS:
     for _family, _factory in FAKES.items():
         _op = f"lltm::{_backend}_{_family}"
         torch.library.register_fake(_op)(_factory(_op))
+
+# vmap rules of each forward/backward pair, and the autograd Function used
+# under torch.func transforms (lltm/_functorch.py)
+_functorch.register_all(COMPILED_BACKENDS)
 
 # The seam's cells (lltm.cells): their operators' fake kernels and autograd.
 from lltm import _seam, cells  # noqa: E402

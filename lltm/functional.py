@@ -6,6 +6,18 @@ torch.ops.lltm.<backend>_cell_forward (one step) and
 torch.ops.lltm.<backend>_seq_forward (a whole layer: the time loop runs
 inside the operator, one autograd node whatever T), whose autograd formulas
 are the matching <backend>_*_backward operators.
+
+Output dtype, one rule for every backend: outside torch.autocast the outputs
+have the arguments' dtype (which must be one); inside an autocast region for
+the input's device, the float32 / float16 / bfloat16 arguments are cast to
+the autocast dtype (float64 ones are left alone, as autocast does) and the
+outputs come back in it, like nn.Linear and nn.LSTM under autocast.
+
+torch.func: vmap, grad, vjp and jacrev (per-sample gradients through
+torch.func.functional_call included) work with every backend; under those
+transforms the compiled backends run through the Python autograd Function of
+lltm/_functorch.py, over the same operators. Forward-mode AD (jvp, jacfwd,
+hessian) and gradients of gradients need backend="python".
 """
 
 from __future__ import annotations
@@ -15,8 +27,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from lltm import _backends, _extension, cells
-from lltm._checks import bias_vector, check_cell_args, check_rnn_args, check_seq_args, check_tensors
+from lltm import _backends, _extension, _functorch, cells
+from lltm._checks import bias_vector, check_cell_args, check_rnn_args, check_seq_args, check_tensors, lengths_arg
 from lltm.reference import lltm_cell_reference, lltm_reference, rnn_reference
 
 __all__ = ["lltm_cell", "lltm", "rnn", "lstm", "gru"]
@@ -35,6 +47,45 @@ def _forward_op(name: str, family: str = "cell"):
         _extension.load()
         op = _FORWARD_OPS[(name, family)] = getattr(torch.ops.lltm, f"{name}_{family}_forward").default
     return op
+
+
+def _call(op_name: str, name: str, family: str, *args: Optional[Tensor]) -> tuple[Tensor, ...]:
+    """The compiled forward operator of (backend `name`, `family`), through
+    its C++ autograd; under a torch.func transform (which refuses C++
+    autograd Functions) through the Python autograd Function over the same
+    operators (lltm/_functorch.py)."""
+    if torch.compiler.is_compiling() or not _functorch.active():
+        return _forward_op(name, family)(*args)
+    _extension.load()  # the operators, their fake kernels and vmap rules (lltm/_meta.py)
+    _functorch.check_transforms(op_name, name)
+    # The operators' autocast rule casts below autograd; the Function saves
+    # what it is given, so it must be given the cast arguments.
+    return _functorch.apply(family, name, *autocast_args(args[0].device.type, *args))
+
+
+def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The dtype an autocast region enabled for `device_type` runs the LLTM in, or None."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
+def autocast_args(device_type: str, *args: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
+    """The arguments as the compiled operators' autocast rule casts them
+    (lltm/csrc/autocast.h): inside an autocast region for `device_type`,
+    float32 / float16 / bfloat16 tensors on that device in the autocast
+    dtype; float64, integer tensors and None as they are. The python
+    backend runs on them, so its outputs have the dtype the compiled
+    backends return."""
+    dtype = autocast_dtype(device_type)
+    if dtype is None:
+        return args
+    return tuple(
+        a.to(dtype)
+        if isinstance(a, Tensor) and a.is_floating_point() and a.dtype != torch.float64 and a.device.type == device_type
+        else a
+        for a in args
+    )
 
 
 def lltm_cell(
@@ -57,9 +108,10 @@ def lltm_cell(
     bias = bias_vector(op, bias)
     name = _backends.resolve(backend, input.device.type)
     if name == "python":
+        input, weights, bias, old_h, old_cell = autocast_args(input.device.type, input, weights, bias, old_h, old_cell)
         check_cell_args("lltm.functional.lltm_cell", input, weights, bias, old_h, old_cell)
         return lltm_cell_reference(input, weights, bias, old_h, old_cell)
-    new_h, new_cell, _ = _forward_op(name)(input, weights, bias, old_h, old_cell)
+    new_h, new_cell, _ = _call(op, name, "cell", input, weights, bias, old_h, old_cell)
     return new_h, new_cell
 
 
@@ -81,6 +133,16 @@ def lltm(
     its state after its last step), as in a PackedSequence.
     Returns (output (T, B, S), (h_n (B, S), c_n (B, S))).
 
+    lengths: any integer dtype but bool, on the CPU or on the input's
+    device; each value in [0, T], else ValueError naming the entry. The
+    values are checked on every backend, except where they cannot be read:
+    while torch.compile or torch.export trace the call, and inside a CUDA
+    graph capture. Lengths on a GPU cost one synchronisation for that check:
+    pass them on the CPU (as pack_padded_sequence asks) to avoid it. The
+    operators torch.ops.lltm.<backend>_seq_forward called directly take
+    int64 lengths on the input's device and check the values on the CPU
+    only (a GPU operator never reads them on the host).
+
     The compiled backends run the whole layer as one operator (one autograd
     node, any T); "python" loops over the reference step.
     """
@@ -92,15 +154,13 @@ def lltm(
         raise ValueError(
             f"{op_name}: expected input to be a 3-D tensor (seq_len, batch, input_features), but got {shape}"
         )
-    if lengths is not None:
-        if not isinstance(lengths, Tensor) or lengths.is_floating_point() or lengths.is_complex():
-            raise TypeError(f"{op_name}: expected lengths to be an integer tensor of shape (batch,)")
-        lengths = lengths.to(device=input.device, dtype=torch.int64)
+    lengths = lengths_arg(op_name, lengths, input)
     name = _backends.resolve(backend, input.device.type, "seq")
     if name == "python":
+        input, weights, bias, h0, c0 = autocast_args(input.device.type, input, weights, bias, h0, c0)
         check_seq_args(op_name, input, weights, bias, h0, c0, lengths)
         return lltm_reference(input, weights, bias, h0, c0, lengths)
-    output, h_n, c_n, _ = _forward_op(name, "seq")(input, weights, bias, h0, c0, lengths)
+    output, h_n, c_n, _ = _call(op_name, name, "seq", input, weights, bias, h0, c0, lengths)
     return output, (h_n, c_n)
 
 
@@ -131,10 +191,11 @@ def rnn(
     spec = cells.get(cell)
     op_name = f"lltm.functional.rnn({cell!r})"
     check_tensors(op_name, input=input, weight_ih=weight_ih, weight_hh=weight_hh)
-    if lengths is not None:
-        if not isinstance(lengths, Tensor) or lengths.is_floating_point() or lengths.is_complex():
-            raise TypeError(f"{op_name}: expected lengths to be an integer tensor of shape (batch,)")
-        lengths = lengths.to(device=input.device, dtype=torch.int64)
+    if input.dim() != 3:
+        raise ValueError(
+            f"{op_name}: expected input to be a 3-D tensor (seq_len, batch, input_size), but got {list(input.shape)}"
+        )
+    lengths = lengths_arg(op_name, lengths, input)
     state = tuple(state) if isinstance(state, (tuple, list)) else state
     name = _backends.resolve(backend, input.device.type, spec.op_family())
     if name == "python":

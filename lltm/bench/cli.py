@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import sys
 
@@ -14,6 +15,24 @@ from lltm.bench import cases as rows_mod
 from lltm.bench import report, timing
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def writable_file(text: str) -> str:
+    """An output file that can really be created or overwritten, tried now
+    (an empty probe file is removed again): a path like /proc/x.json, whose
+    folder looks writable to root, is refused before the run, not after it."""
+    path = output_file(text)
+    existed = os.path.exists(path)
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {exc.strerror or exc}") from None
+    if not existed:
+        os.remove(path)
+    return path
 
 
 def _rows(text: str) -> list[str]:
@@ -50,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Timer measurements per row, rows interleaved; the median is reported",
     )
     p.add_argument("--device", type=device_arg, default=torch.device("cpu"), help="cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="parameters and inputs (default: float32)")
     p.add_argument("-d", "--double", action="store_true", help="shorthand for --dtype float64")
     p.add_argument(
         "--autocast",
@@ -81,8 +100,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="add into .grad on every pass (the tutorial's loop) instead of starting each backward from .grad = None",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=output_file, help="write the results as JSON here")
-    p.add_argument("--plot", type=output_file, help="write a PNG bar chart here (needs matplotlib)")
+    p.add_argument("--json", type=writable_file, help="write the results as JSON here")
+    p.add_argument("--plot", type=writable_file, help="write a PNG bar chart here (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -116,6 +135,21 @@ def _device(device: torch.device) -> torch.device:
     return device
 
 
+def conflicts(args: argparse.Namespace) -> str | None:
+    """Options that contradict each other or would be silently ignored: the
+    message of the first, or None. Checked before any work."""
+    if args.double and args.dtype not in (None, "float64"):
+        return f"-d/--double means --dtype float64, but --dtype {args.dtype} was given too: give one of them"
+    dtype = "float64" if args.double else args.dtype or "float32"
+    if args.autocast and dtype == "float64":
+        return "--autocast has no effect on float64 (autocast leaves float64 alone): drop --autocast or -d/--dtype"
+    if args.autocast and dtype == args.autocast:
+        return f"--autocast {args.autocast} with --dtype {dtype} changes nothing: drop --autocast"
+    if args.json and args.plot and os.path.abspath(args.json) == os.path.abspath(args.plot):
+        return f"--json and --plot name the same file {args.json}: give them different paths"
+    return None
+
+
 def _config(args: argparse.Namespace, device: torch.device) -> rows_mod.Config:
     return rows_mod.Config(
         batch_size=args.batch_size,
@@ -123,7 +157,7 @@ def _config(args: argparse.Namespace, device: torch.device) -> rows_mod.Config:
         state_size=args.state_size,
         seq=args.seq,
         device=device,
-        dtype=torch.float64 if args.double else DTYPES[args.dtype],
+        dtype=torch.float64 if args.double else DTYPES[args.dtype or "float32"],
         seed=args.seed,
         param_grads_only=args.param_grads_only,
         accumulate_grads=args.accumulate_grads,
@@ -131,8 +165,11 @@ def _config(args: argparse.Namespace, device: torch.device) -> rows_mod.Config:
     )
 
 
-def _measure(cases: list[rows_mod.Case], args: argparse.Namespace, device: torch.device) -> list[timing.Measurement]:
-    """Both timing methods and the memory of every case, with a progress bar on stderr."""
+def _measure(
+    cases: list[rows_mod.Case], args: argparse.Namespace, device: torch.device
+) -> tuple[list[rows_mod.Case], list[timing.Measurement], dict[str, str]]:
+    """Both timing methods and the memory of every case, with a progress bar
+    on stderr; the rows that failed, with the reason (timing.measure)."""
     from tqdm import tqdm
 
     total = (args.runs + args.rounds) * len(cases)
@@ -175,6 +212,9 @@ def _meta(args: argparse.Namespace, cfg: rows_mod.Config) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = conflicts(args)
+    if problem:
+        return fail("lltm bench", problem)
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -188,8 +228,14 @@ def run(args: argparse.Namespace) -> int:
     if not cases:
         print("lltm bench: no row can run here; nothing measured", file=sys.stderr)
         return 1
+    cases, measured, failed = _measure(cases, args, cfg.device)
+    for name, why in failed.items():
+        print(f"lltm bench: {name} is not available here: {why}", file=sys.stderr)
+    skipped.update(failed)
+    if not cases:
+        print("lltm bench: no row could run here; nothing measured", file=sys.stderr)
+        return 1
     # The peer every row is measured against: the GEMM floor of a cell step, nn.LSTM for a layer.
-    measured = _measure(cases, args, cfg.device)
     rows = report.results(cases, measured, peer="lstm" if cfg.seq else "gemm", pipelined=cfg.device.type == "cuda")
     meta = _meta(args, cfg)
     print(report.format_table(rows, meta, skipped))

@@ -12,7 +12,16 @@ every ratio taken from it: such a number says more about the machine than
 about the row. On a GPU the two differ by design where launches dominate:
 the Timer synchronises once per block of passes, whose launches overlap the
 previous pass's kernels, while the host clock synchronises every pass; there
-only a Timer median above DISAGREEMENT times the host clock's is marked.
+only a Timer median above DISAGREEMENT times the host clock's is marked
+(and a Timer backward of 0, the step's median below the forward's, is
+marked everywhere).
+
+The ratios (speed-ups over python, times over the peer, like with like)
+come from one measurement for the whole table, the one it trusts: the
+Timer medians when the two clocks agree on every row; otherwise (the
+machine was busy) the host-clock minima, each row's least disturbed pass,
+which another process can only have made slower. The table's verdict line
+says which, and why.
 """
 
 from __future__ import annotations
@@ -41,20 +50,20 @@ class Result:
     timer_bwd_us: float
     note: str = ""
     precision: str = ""  # "fp32", "TF32" or the dtype: what the row's products run in
-    speedup_fwd: Optional[float] = None  # over the python row, Timer medians
+    speedup_fwd: Optional[float] = None  # over the python row, from `ratio_basis`
     speedup_bwd: Optional[float] = None
     speedup_total: Optional[float] = None
-    speedup_suspect: bool = False  # taken from a row whose clocks disagree (this one or python)
-    # time over the peer row's (gemm in cell mode, lstm with --seq), Timer medians
+    # time over the peer row's (gemm in cell mode, lstm with --seq), from `ratio_basis`
     peer: Optional[str] = None
     peer_ratio_fwd: Optional[float] = None
     peer_ratio_bwd: Optional[float] = None
     peer_ratio_total: Optional[float] = None
-    peer_ratio_suspect: bool = False
     # Timer median over host-clock median (forward, backward), and whether one is off by > DISAGREEMENT
     clock_ratio_fwd: Optional[float] = None
     clock_ratio_bwd: Optional[float] = None
     clocks_disagree: bool = False
+    # what the ratios are taken from: TIMER (Timer medians) or HOST_MIN (host-clock minima)
+    ratio_basis: str = ""
     saved_bytes: Optional[int] = None  # saved for backward, parameters left out
     peak_bytes: Optional[int] = None  # CUDA: peak of one forward + backward
     extra: dict = field(default_factory=dict)
@@ -63,14 +72,26 @@ class Result:
     def timer_total_us(self) -> float:
         return self.timer_fwd_us + self.timer_bwd_us
 
+    def trusted_us(self) -> tuple[float, float]:
+        """(forward, backward) µs from the table's ratio basis."""
+        if self.ratio_basis == HOST_MIN:
+            return self.fwd_min_us, self.bwd_min_us
+        return self.timer_fwd_us, self.timer_bwd_us
+
+
+TIMER = "Timer medians"
+HOST_MIN = "host-clock minima"
+
 
 def _ratio(num: float, den: float) -> Optional[float]:
     return num / den if den > 0 else None
 
 
 def _disagree(ratio: Optional[float], pipelined: bool) -> bool:
-    low = 0.0 if pipelined else 1 / DISAGREEMENT
-    return ratio is None or not low <= ratio <= DISAGREEMENT
+    # A ratio of 0 (the Timer's backward, step minus forward, came out <= 0) is noise on any device.
+    if pipelined:
+        return ratio is None or not 0.0 < ratio <= DISAGREEMENT
+    return ratio is None or not 1 / DISAGREEMENT <= ratio <= DISAGREEMENT
 
 
 def _compare_clocks(r: Result, pipelined: bool) -> None:
@@ -107,28 +128,49 @@ def results(
         )
     for r in out:
         _compare_clocks(r, pipelined)
+    basis = HOST_MIN if any(r.clocks_disagree for r in out) else TIMER
+    for r in out:
+        r.ratio_basis = basis
+
+    def total(r: Result) -> float:
+        return sum(r.trusted_us())
+
     base = next((r for r in out if r.name == "python"), None)
     if base is not None:
+        (base_fwd, base_bwd) = base.trusted_us()
         for r in out:
-            r.speedup_fwd = _ratio(base.timer_fwd_us, r.timer_fwd_us)
-            r.speedup_bwd = _ratio(base.timer_bwd_us, r.timer_bwd_us)
-            r.speedup_total = _ratio(base.timer_total_us, r.timer_total_us)
-            r.speedup_suspect = r.clocks_disagree or base.clocks_disagree
+            fwd, bwd = r.trusted_us()
+            r.speedup_fwd = _ratio(base_fwd, fwd)
+            r.speedup_bwd = _ratio(base_bwd, bwd)
+            r.speedup_total = _ratio(total(base), total(r))
     ref = next((r for r in out if r.name == peer), None)
     if ref is not None:
+        ref_fwd, ref_bwd = ref.trusted_us()
         for r in out:
             if r is ref:
                 continue
+            fwd, bwd = r.trusted_us()
             r.peer = ref.name
-            r.peer_ratio_fwd = _ratio(r.timer_fwd_us, ref.timer_fwd_us)
-            r.peer_ratio_bwd = _ratio(r.timer_bwd_us, ref.timer_bwd_us)
-            r.peer_ratio_total = _ratio(r.timer_total_us, ref.timer_total_us)
-            r.peer_ratio_suspect = r.clocks_disagree or ref.clocks_disagree
+            r.peer_ratio_fwd = _ratio(fwd, ref_fwd)
+            r.peer_ratio_bwd = _ratio(bwd, ref_bwd)
+            r.peer_ratio_total = _ratio(total(r), total(ref))
     return out
 
 
-def _fmt(x: Optional[float], suspect: bool = False) -> str:
-    return "-" if x is None else f"{x:.2f}" + (MARK if suspect else "")
+def verdict(rows: list[Result]) -> str:
+    """One line: whether the run can be trusted, and what the ratios are taken from."""
+    busy = [r.name for r in rows if r.clocks_disagree]
+    if not busy:
+        return f"verdict: the two clocks agree on every row; ratios from the {TIMER}"
+    return (
+        f"verdict: THE MACHINE WAS BUSY: the Timer and host-clock medians disagree by more than {DISAGREEMENT:g}x "
+        f"on {len(busy)} of {len(rows)} rows ({', '.join(busy)}, marked {MARK}); every ratio is taken from the "
+        f"{HOST_MIN} (each row's least disturbed pass) and the medians are not to be trusted: rerun on a quiet machine"
+    )
+
+
+def _fmt(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def _bytes(n: Optional[int]) -> str:
@@ -145,27 +187,32 @@ def format_table(rows: list[Result], meta: dict, skipped: dict[str, str]) -> str
         f"{meta['dtype']} on {meta['device_name']}; torch {meta['torch']}; {meta['date']}\n"
         f"runs {meta['runs']} (host clock, synchronised) + torch.utils.benchmark blocked_autorange, "
         f"median of {meta['rounds']} interleaved rounds; gradients: {meta['gradients']}\n"
+        f"{verdict(rows)}\n"
     )
     cols = ("row", "fwd med", "fwd min", "bwd med", "bwd min", "fwd Timer", "bwd Timer", "fwd x", "bwd x", "f+b x")
     lines = [" | ".join(f"{c:>10}" for c in cols)]
     lines.append("-" * len(lines[0]))
     for r in rows:
+        # A busy row's medians (both clocks) are marked: one of them was disturbed.
+        mark = MARK if r.clocks_disagree else ""
         vals = (
-            r.name + (MARK if r.clocks_disagree else ""),
-            *(f"{v:.1f}" for v in (r.fwd_median_us, r.fwd_min_us, r.bwd_median_us, r.bwd_min_us)),
-            *(f"{v:.1f}" for v in (r.timer_fwd_us, r.timer_bwd_us)),
-            *(_fmt(v, r.speedup_suspect) for v in (r.speedup_fwd, r.speedup_bwd, r.speedup_total)),
+            r.name + mark,
+            f"{r.fwd_median_us:.1f}{mark}",
+            f"{r.fwd_min_us:.1f}",
+            f"{r.bwd_median_us:.1f}{mark}",
+            f"{r.bwd_min_us:.1f}",
+            *(f"{v:.1f}{mark}" for v in (r.timer_fwd_us, r.timer_bwd_us)),
+            *(_fmt(v) for v in (r.speedup_fwd, r.speedup_bwd, r.speedup_total)),
         )
         lines.append(" | ".join(f"{v:>10}" for v in vals))
-    foot = ["times in µs; x = speed-up over python (Timer medians), higher is faster"]
+    basis = rows[0].ratio_basis if rows else TIMER
+    foot = [f"times in µs; x = speed-up over python ({basis}), higher is faster"]
     with_peer = [r for r in rows if r.peer is not None]
     if with_peer:
         foot.append(
-            f"time / {with_peer[0].peer} (Timer medians): "
+            f"time / {with_peer[0].peer} ({basis}): "
             + ", ".join(
-                f"{r.name} fwd {_fmt(r.peer_ratio_fwd, r.peer_ratio_suspect)} "
-                f"bwd {_fmt(r.peer_ratio_bwd, r.peer_ratio_suspect)} "
-                f"f+b {_fmt(r.peer_ratio_total, r.peer_ratio_suspect)}"
+                f"{r.name} fwd {_fmt(r.peer_ratio_fwd)} bwd {_fmt(r.peer_ratio_bwd)} f+b {_fmt(r.peer_ratio_total)}"
                 for r in with_peer
             )
         )
@@ -176,15 +223,15 @@ def format_table(rows: list[Result], meta: dict, skipped: dict[str, str]) -> str
     if like:
         pairs = []
         for a, b in like:
-            ratio = _fmt(_ratio(a.timer_total_us, b.timer_total_us), a.clocks_disagree or b.clocks_disagree)
+            ratio = _fmt(_ratio(sum(a.trusted_us()), sum(b.trusted_us())))
             pairs.append(f"{a.name} ({a.precision}) / {b.name} ({b.precision}) {ratio}")
-        foot.append("like with like, Timer f+b: " + ", ".join(pairs))
+        foot.append(f"like with like, f+b ({basis}): " + ", ".join(pairs))
     for r in rows:
         if r.clocks_disagree:
             foot.append(
                 f"{MARK} {r.name}: the Timer and host-clock medians disagree by more than {DISAGREEMENT:g}x "
                 f"(Timer / host clock: fwd {_fmt(r.clock_ratio_fwd)}, bwd {_fmt(r.clock_ratio_bwd)}): the machine "
-                f"was busy during one of them; the numbers marked {MARK} are not to be trusted (rerun)"
+                f"was busy during one of them; the medians marked {MARK} are not to be trusted (rerun)"
             )
     if any(r.saved_bytes is not None or r.peak_bytes is not None for r in rows):
         foot.append(
@@ -203,6 +250,7 @@ def format_table(rows: list[Result], meta: dict, skipped: dict[str, str]) -> str
 
 def write_json(path: str, rows: list[Result], meta: dict, skipped: dict[str, str]) -> None:
     with open(path, "w") as f:
+        meta = {**meta, "ratio_basis": rows[0].ratio_basis if rows else TIMER, "verdict": verdict(rows)}
         json.dump({"meta": meta, "results": [asdict(r) for r in rows], "skipped": skipped}, f, indent=2)
 
 

@@ -46,7 +46,7 @@ PATHS = {
     "auto": (None, None, None),
 }
 # Per-step barrier latency of the persistent paths and a graph node's floor
-# for the loop (µs, H100: docs/benchmarks.md).
+# for the loop (µs, H100: docs/benchmarks-history.md).
 BARRIER_US = {"cluster": 0.9, "grid": 1.1, "loop": 2.6}
 
 

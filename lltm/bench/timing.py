@@ -105,6 +105,14 @@ def peak_bytes(case: Case, device: torch.device) -> Optional[int]:
     return torch.cuda.max_memory_allocated(device) - base
 
 
+def failure(exc: BaseException) -> str:
+    """Why a row could not run, in one line: the exception's type and the
+    first line of its message (oneDNN's, say: "could not create a primitive
+    descriptor for the LSTM forward propagation primitive")."""
+    lines = str(exc).strip().splitlines()
+    return f"failed on this machine: {type(exc).__name__}: {lines[0] if lines else '(no message)'}"
+
+
 def measure(
     cases: list[Case],
     *,
@@ -114,20 +122,38 @@ def measure(
     min_run_time: float,
     device: torch.device,
     tick: Callable[[str], Any] = lambda name: None,
-) -> list[Measurement]:
+) -> tuple[list[Case], list[Measurement], dict[str, str]]:
     """Every case by both methods and its memory; `tick(label)` after each
-    timed pass and Timer round (progress)."""
-    results = []
+    timed pass and Timer round (progress).
+
+    A case that raises (a kernel this machine cannot run, for one) is
+    dropped with the reason instead of ending the run: returns the cases
+    measured, their measurements, and {name: reason} for the dropped ones.
+    Each case first runs one untimed pass, so a row that cannot run fails
+    before any time is spent on the others' measurements.
+    """
+    failed: dict[str, str] = {}
+    kept: list[tuple[Case, Measurement]] = []
     for case in cases:
-        m = host_clock(case, runs, warmup, device, lambda name=case.name: tick(name))
-        m.saved_bytes = saved_bytes(case)
-        m.peak_bytes = peak_bytes(case, device)
-        results.append(m)
+        try:
+            case.backward(case.forward())
+            sync(device)
+            m = host_clock(case, runs, warmup, device, lambda name=case.name: tick(name))
+            m.saved_bytes = saved_bytes(case)
+            m.peak_bytes = peak_bytes(case, device)
+        except Exception as exc:  # noqa: BLE001  (any error: the row is reported, the others still run)
+            failed[case.name] = failure(exc)
+            continue
+        kept.append((case, m))
     # The Timer rows are measured in rounds, every row once per round, and
     # each row reports its median over the rounds: a slow spell of a noisy
     # machine then hits every row alike instead of one row's whole sample.
     for _ in range(rounds):
-        for case, m in zip(cases, results):
-            m.timer_rounds_s.append(timer_round(case, min_run_time))
+        for case, m in list(kept):
+            try:
+                m.timer_rounds_s.append(timer_round(case, min_run_time))
+            except Exception as exc:  # noqa: BLE001
+                failed[case.name] = failure(exc)
+                kept = [(c, mm) for c, mm in kept if c is not case]
             tick(f"{case.name} (Timer)")
-    return results
+    return [c for c, _ in kept], [m for _, m in kept], failed

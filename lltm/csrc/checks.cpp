@@ -81,15 +81,28 @@ void check_state(const char* op, const at::Tensor& t, const char* name, int64_t 
   check_like(op, t, name, input, "input");
 }
 
-void check_lengths(const char* op, const std::optional<at::Tensor>& lengths, int64_t batch,
+// lengths (B,) int64 on the input's device, each in [0, seq_len]. The
+// values are read only where that is free, on the CPU: on a CUDA device it
+// would cost a synchronisation per call and cannot run under CUDA graph
+// capture; lltm.functional.lltm checks them there before calling the op
+// (outside torch.compile tracing and graph capture).
+void check_lengths(const char* op, const std::optional<at::Tensor>& lengths, int64_t steps, int64_t batch,
                    const at::Tensor& input) {
   if (!lengths.has_value() || !lengths->defined()) return;
   check_rank(op, *lengths, "lengths", 1, "(batch,)");
   check_shape(op, *lengths, "lengths", {batch}, "(batch,)");
   TORCH_CHECK_TYPE(lengths->scalar_type() == at::kLong, op,
-                   ": expected lengths of dtype Long (int64), but got ", lengths->scalar_type());
+                   ": expected lengths of dtype Long (int64), but got ", lengths->scalar_type(),
+                   " (convert it with lengths.to(torch.int64))");
   TORCH_CHECK(lengths->device() == input.device(), op, ": expected lengths on device ", input.device(),
               " like input, but got ", lengths->device(), " (move all arguments to one device)");
+  if (lengths->is_cpu()) {
+    const auto len = lengths->accessor<int64_t, 1>();
+    for (int64_t b = 0; b < batch; ++b) {
+      TORCH_CHECK_VALUE(len[b] >= 0 && len[b] <= steps, op, ": expected 0 <= lengths[b] <= seq_len = ", steps,
+                        " for every row b, but got lengths[", b, "] = ", len[b]);
+    }
+  }
 }
 
 }  // namespace
@@ -136,7 +149,7 @@ void check_seq_forward_args(const char* op, const at::Tensor& input, const at::T
   check_bias(op, bias, state, input);
   check_state(op, h0, "h0", batch, state, input);
   check_state(op, c0, "c0", batch, state, input);
-  check_lengths(op, lengths, batch, input);
+  check_lengths(op, lengths, input.size(0), batch, input);
 }
 
 void check_seq_backward_args(const char* op, const std::optional<at::Tensor>& grad_output,
@@ -172,7 +185,7 @@ void check_seq_backward_args(const char* op, const std::optional<at::Tensor>& gr
   check_rank(op, gates, "gates", 3, "(seq_len, batch, 3 * state_size)");
   check_shape(op, gates, "gates", {steps, batch, 3 * state}, "(seq_len, batch, 3 * state_size)");
   check_like(op, gates, "gates", input, "input");
-  check_lengths(op, lengths, batch, input);
+  check_lengths(op, lengths, steps, batch, input);
 }
 
 }  // namespace lltm
