@@ -24,6 +24,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from lltm import cells, functional
 from lltm._checks import check_size, unpack_state
+from lltm.export.torchscript import not_scriptable
 
 __all__ = ["LLTMCell", "LLTM", "LSTM", "GRU", "LSTMCell", "GRUCell"]
 
@@ -125,6 +126,9 @@ class LLTMCell(_Sizes, nn.Module):
     -> (new_h, new_cell). A missing state is zeros.
     """
 
+    # torch.jit.script: a clear error naming what to use instead (lltm/export/torchscript.py)
+    __prepare_scriptable__ = not_scriptable
+
     def __init__(
         self,
         input_size: Optional[int] = None,
@@ -192,6 +196,8 @@ class _Layers(_Sizes, nn.Module):
     _op: str  # the class's name in messages, e.g. "lltm.LLTM"
     _cell: cells.Cell
     _state_layout = "(num_layers * num_directions, batch, hidden_size)"
+    # torch.jit.script: a clear error naming what to use instead (lltm/export/torchscript.py)
+    __prepare_scriptable__ = not_scriptable
 
     def _init_layers(
         self,
@@ -247,7 +253,8 @@ class _Layers(_Sizes, nn.Module):
         lengths: Optional[Tensor] = None
         unbatched = False
         if packed:
-            # Time-major padded batch in the packed (length-sorted) row order.
+            # Time-major padded batch in the packed (length-sorted) row order;
+            # lengths stay on the CPU (the operators take them from there without a sync).
             x, lengths, mask = _unpack(input)
         else:
             layout = "(batch, seq_len, input_size)" if self.batch_first else "(seq_len, batch, input_size)"
@@ -273,7 +280,10 @@ class _Layers(_Sizes, nn.Module):
         init = self._initial_states(states, x, batch, unbatched)
         if packed and input.sorted_indices is not None:
             init = tuple(s.index_select(1, input.sorted_indices) for s in init)
-        reverse_index = _reverse_index(x.shape[0], lengths, x.device) if D == 2 else None
+        reverse_index = None
+        if D == 2:
+            on_device = None if lengths is None else lengths.to(x.device)
+            reverse_index = _reverse_index(x.shape[0], on_device, x.device)
         finals: list[list[Tensor]] = [[] for _ in init]
         for k in range(self.num_layers):
             if k > 0 and self.dropout > 0.0 and self.training:
@@ -576,6 +586,7 @@ class _TorchCell(nn.Module):
 
     _op: str
     _cell: cells.Cell
+    __prepare_scriptable__ = not_scriptable
 
     def __init__(self, input_size, hidden_size, bias, device, dtype, backend) -> None:
         super().__init__()
@@ -675,7 +686,7 @@ class GRUCell(_TorchCell):
 
 def _unpack(packed: PackedSequence) -> tuple[Tensor, Tensor, Tensor]:
     """A PackedSequence as (padded (T, B, F) in its length-sorted row order,
-    lengths (B,) int64 on the data's device, mask (T, B) of the valid steps),
+    lengths (B,) int64 on the CPU, mask (T, B) of the valid steps on the data's device),
     with one scatter (no loop over sequences or steps). The batch size comes
     from the shape of sorted_indices where there is one (a size, not a value:
     torch.compile traces it without reading data), else batch_sizes[0]."""
@@ -685,9 +696,8 @@ def _unpack(packed: PackedSequence) -> tuple[Tensor, Tensor, Tensor]:
         batch = packed.sorted_indices.numel()
     else:
         batch = int(batch_sizes[0]) if steps else 0
-    lengths = (batch_sizes.unsqueeze(0) > torch.arange(batch).unsqueeze(1)).sum(1)
-    lengths = lengths.to(device=data.device, dtype=torch.int64)
-    mask = torch.arange(steps, device=data.device).unsqueeze(1) < lengths.unsqueeze(0)
+    lengths = (batch_sizes.unsqueeze(0) > torch.arange(batch).unsqueeze(1)).sum(1).to(torch.int64)
+    mask = torch.arange(steps, device=data.device).unsqueeze(1) < lengths.to(data.device).unsqueeze(0)
     padded = data.new_zeros((steps, batch, data.shape[1]))
     padded[mask] = data  # the packed layout is the time-major order of the valid steps
     return padded, lengths, mask
