@@ -248,7 +248,7 @@ void check_rnn_forward_args(const char* op, const CellShape& cell, const at::Ten
   check_rnn_bias(op, cell, bias_ih, "bias_ih", hidden, input);
   check_rnn_bias(op, cell, bias_hh, "bias_hh", hidden, input);
   check_rnn_state(op, cell, state, "state", batch, hidden, input);
-  check_lengths(op, lengths, batch, input);
+  check_lengths(op, lengths, input.size(0), batch, input);
 }
 
 void check_rnn_backward_args(const char* op, const CellShape& cell, const OptTensor& grad_output,
@@ -284,7 +284,7 @@ void check_rnn_backward_args(const char* op, const CellShape& cell, const OptTen
   check_rank(op, saved, "saved", 3, saved_layout.c_str());
   check_shape(op, saved, "saved", {steps, batch, cell.saved * hidden}, saved_layout.c_str());
   check_like(op, saved, "saved", input, "input");
-  check_lengths(op, lengths, batch, input);
+  check_lengths(op, lengths, steps, batch, input);
 }
 
 }  // namespace lltm
