@@ -259,6 +259,11 @@ def _validate(args: argparse.Namespace, world: int) -> list[str]:
             f"--accumulate {args.accumulate} must divide each rank's {rows} rows (--batch {args.batch} over "
             f"{world} rank(s))"
         )
+    if args.static_graph and args.accumulate > 1:
+        raise ValueError(
+            "--static-graph with --accumulate: DDP's static graph fails an internal assert in torch's reducer when "
+            "its first backward runs under no_sync (torch 2.13); drop one of them"
+        )
     if world > 1 and args.device.startswith("cuda:"):
         raise ValueError(f"under torchrun each rank uses cuda:LOCAL_RANK; pass --device cuda, not {args.device}")
     warnings = []
