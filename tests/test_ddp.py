@@ -226,7 +226,10 @@ def test_ddp_equals_one_process_of_the_same_micro_batches(ddp_report):
         if meta["device"] == "cpu" and world == 2:
             assert exact, f"{item}: 2 gloo ranks differ from one process with --accumulate 2"
         assert worst <= 1.0, f"{item}: beyond the all-reduce order's bound ({worst:.2f} of it)"
-        assert d["losses"] == pytest.approx(m["losses"], rel=1e-6, abs=1e-6), item
+        if exact:
+            assert d["losses"] == pytest.approx(m["losses"], rel=1e-6), item  # the mean over ranks rounds
+        else:  # Adam may step +-lr on gradient elements that are zero up to rounding: the loss barely moves
+            assert d["losses"] == pytest.approx(m["losses"], rel=1e-4), item
 
 
 def _max_diff_p(a: dict, b: dict) -> list[float]:
