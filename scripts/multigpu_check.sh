@@ -4,9 +4,10 @@
 #   scripts/multigpu_check.sh            (OUT=folder for the results; default ./multigpu_check_out)
 #
 #   build    python3 setup.py build_ext --inplace (sm_90, the system compilers)
-#   tests    pytest tests/test_ddp.py -m cuda, in four parallel groups (they check results, not
+#   tests    pytest tests/test_ddp.py -m cuda, in five parallel groups (they check results, not
 #            speed): DDP on NCCL with 2 and 4 ranks against one process (every CUDA backend,
-#            float32 and bfloat16 autocast, SGD and Adam); a SIGKILLed rank and a rank killed
+#            float32 and bfloat16 autocast, SGD and Adam; and at the issue's size, charlm hidden
+#            512, global batch 256, 4 Adam steps, on 2 ranks); a SIGKILLed rank and a rank killed
 #            mid-checkpoint under torchrun --max-restarts; a hung rank; two c10d launchers;
 #            CUDA checkpoints across rank counts 4 -> 2 -> 1
 #   scaling  python -m lltm.bench.ddp_scaling run on 1, 2 and 4 ranks (hidden 512 and 1024,
@@ -85,12 +86,13 @@ REPORT=$OUT/ddp_report.md
 : >"$REPORT"
 tests_limit=${TESTS_LIMIT:-180}
 groups=(
-  "ddp_ and nccl-2"
+  "ddp_ and nccl-2 and not h512"
   "ddp_ and nccl-4"
+  "ddp_ and h512"
   "(killed or resume_across or hung or two_launchers) and nccl-2"
   "cuda_checkpoints"
 )
-names=(ddp2 ddp4 faults ckpt)
+names=(ddp2 ddp4 h512 faults ckpt)
 pids=()
 for i in "${!groups[@]}"; do
   run_stage "tests_${names[$i]}" "$tests_limit" env LLTM_DDP_REPORT="$REPORT" \
@@ -142,7 +144,7 @@ run_stage train "${TRAIN_LIMIT:-75}" "$PYTHON" -m torch.distributed.run --standa
   echo "### GPU tests (tests/test_ddp.py -m cuda)"
   echo
   echo '```'
-  for n in ddp2 ddp4 faults ckpt; do
+  for n in "${names[@]}"; do
     echo "$n: $(grep -E "passed|failed|skipped|error" "$OUT/tests_$n.log" 2>/dev/null | tail -n 1)"
     grep -E "^(FAILED|ERROR)" "$OUT/tests_$n.log" 2>/dev/null
   done

@@ -103,12 +103,13 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=12)
     p.add_argument("--hidden", type=int, default=16)
+    p.add_argument("--embed", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-2)
     args = p.parse_args()
     torch.set_num_threads(1)
     ctx = ddp.setup(args.device, collective_timeout=300)
     task = make_task("charlm", seed=0, batch=args.batch, seq_len=args.seq_len, eval_batches=1, text=args.text)
-    cfg = ModelConfig("lltm", task.n_in, task.n_out, args.hidden, 1, 8, task.tokens, task.readout)
+    cfg = ModelConfig("lltm", task.n_in, task.n_out, args.hidden, 1, args.embed, task.tokens, task.readout)
     results = {}
     for item in args.configs.split(","):
         try:
@@ -121,6 +122,7 @@ def main() -> int:
         ctx.barrier()
     if ctx.is_main:
         meta = {"world": ctx.world, "device": str(ctx.device), "batch": args.batch, "seq_len": args.seq_len}
+        meta.update(hidden=args.hidden)
         meta.update(lr=args.lr, steps=args.steps, torch=torch.__version__)
         if ctx.device.type == "cuda":
             meta["gpu"] = torch.cuda.get_device_name(ctx.device)
