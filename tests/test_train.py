@@ -24,8 +24,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = [
     "--hidden",
     "16",
-    "--embed",
-    "8",
     "--batch",
     "8",
     "--log-every",
@@ -40,8 +38,14 @@ SMALL = [
 ]
 
 
+def _small(*args: str) -> list[str]:
+    """SMALL, with a small embedding for the token tasks (--embed is refused for adding)."""
+    task = args[args.index("--task") + 1] if "--task" in args else "charlm"
+    return [*SMALL, *(["--embed", "8"] if task != "adding" else [])]
+
+
 def _train(tmp_path, *args: str, out: str = "out") -> int:
-    return cli.main(["train", *SMALL, "--out", str(tmp_path / out), *args])
+    return cli.main(["train", *_small(*args), "--out", str(tmp_path / out), *args])
 
 
 def _rows(path) -> list[dict]:
@@ -202,27 +206,33 @@ def test_charlm_learns(tmp_path):
     assert evals[-1]["loss"] < math.log(256) - 1.0
 
 
-@pytest.mark.parametrize("model,backend", [("lstm", "auto"), ("lltm", "python"), ("lltm", "aten"), ("lltm", "auto")])
-def test_bf16_autocast_on_cpu(tmp_path, model, backend):
-    assert (
-        _train(
-            tmp_path,
-            "--task",
-            "adding",
-            "--steps",
-            "4",
-            "--dtype",
-            "bfloat16",
-            "--model",
-            model,
-            "--backend",
-            backend,
-            "--no-plot",
-        )
-        == 0
-    )
-    rows = _rows(tmp_path / "out" / f"{model}.jsonl")
+@pytest.mark.parametrize("backend", ["python", "aten", "fused"])
+def test_bf16_autocast_on_cpu(tmp_path, backend):
+    """Every LLTM backend trains under CPU bfloat16 autocast (the layer is one sequence operator)."""
+    if not lltm_backends.backends("cpu")[backend]:
+        pytest.skip(f"{backend} is not built for the CPU here")
+    args = ["--task", "adding", "--steps", "4", "--dtype", "bfloat16", "--backend", backend, "--no-plot"]
+    assert _train(tmp_path, *args) == 0
+    rows = _rows(tmp_path / "out" / "lltm.jsonl")
     assert rows[0]["bf16"] is True and math.isfinite(rows[-1]["loss"])
+
+
+def test_bf16_autocast_lstm_on_cpu(tmp_path, capsys):
+    """torch.nn.LSTM under CPU bfloat16 autocast: it trains where oneDNN has a bfloat16 LSTM for the
+    CPU; elsewhere (AVX2-only CPUs) the run is refused before any work, in one line, instead of
+    failing in oneDNN's primitive descriptor at the first step."""
+    from lltm.train.cli import _lstm_bf16_runs_on_cpu
+
+    code = _train(tmp_path, "--task", "adding", "--steps", "4", "--dtype", "bfloat16", "--model", "lstm", "--no-plot")
+    if _lstm_bf16_runs_on_cpu():
+        assert code == 0 and _rows(tmp_path / "out" / "lstm.jsonl")[0]["bf16"] is True
+    else:
+        assert code == 2
+        assert capsys.readouterr().err == (
+            "lltm train: error: torch.nn.LSTM does not run under CPU bfloat16 autocast on this machine (oneDNN "
+            "has no bfloat16 LSTM for this CPU); use --dtype float32, --model lltm, or a CUDA device\n"
+        )
+        assert not (tmp_path / "out" / "lstm.jsonl").exists()
 
 
 def test_compile_smoke(tmp_path):
@@ -319,7 +329,7 @@ def test_killed_mid_save_leaves_the_previous_checkpoint(tmp_path):
     """A process SIGKILLed while writing its second checkpoint: the first stays loadable, the
     partial file is ignored, and resuming from it ends bit-identical to an uninterrupted run."""
     ck = tmp_path / "ck"
-    args = [*SMALL, *RESUME, "--steps", "6", "--ckpt", str(ck), "--out", str(tmp_path / "killed")]
+    args = [*_small(*RESUME), *RESUME, "--steps", "6", "--ckpt", str(ck), "--out", str(tmp_path / "killed")]
     script = textwrap.dedent(f"""
         import io, os, signal, torch
         from lltm import cli
@@ -363,6 +373,202 @@ def test_damaged_newest_checkpoint_falls_back(tmp_path):
 def test_resume_needs_a_checkpoint_directory(tmp_path, capsys):
     assert _train(tmp_path, "--task", "copy", "--steps", "2", "--resume") == 2
     assert capsys.readouterr().err == "lltm train: error: --resume needs --ckpt DIR (the directory to resume from)\n"
+
+
+def _damage(path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def test_resume_when_no_checkpoint_loads_is_an_error(tmp_path, capsys):
+    """--resume (and --auto-resume) over checkpoints that are all damaged: an error naming each and
+    its reason, and the files left as they were (no training from step 0, no rotation deleting them)."""
+    ck = tmp_path / "ck"
+    assert _train(tmp_path, *RESUME, "--steps", "6", "--ckpt", str(ck)) == 0
+    for _, path in checkpoint.list_checkpoints(str(ck)):
+        _damage(path)
+    before = {name: os.path.getsize(ck / name) for name in os.listdir(ck)}
+    capsys.readouterr()
+    for flag in ("--resume", "--auto-resume"):
+        with pytest.warns(UserWarning, match="skipping unreadable checkpoint"):
+            assert _train(tmp_path, *RESUME, "--steps", "9", "--ckpt", str(ck), flag) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(
+            f"lltm train: error: none of the 2 checkpoint(s) in {ck} can be loaded (ckpt-00000006.pt: "
+        )
+        assert "; ckpt-00000003.pt: " in err and err.endswith(
+            "); they were left as they are. Move them away to start from step 0, or use another --ckpt directory.\n"
+        )
+        assert {name: os.path.getsize(ck / name) for name in os.listdir(ck)} == before
+
+
+def test_resume_from_an_empty_directory(tmp_path, capsys):
+    """--resume with no checkpoint at all is an error; --auto-resume starts at step 0 (so one command
+    starts a run and restarts it under torchrun --max-restarts)."""
+    ck = tmp_path / "ck"
+    assert _train(tmp_path, *RESUME, "--steps", "3", "--ckpt", str(ck), "--resume") == 2
+    assert capsys.readouterr().err == (
+        f"lltm train: error: --resume: no checkpoint in {ck} (--auto-resume starts at step 0 when there is none)\n"
+    )
+    assert _train(tmp_path, *RESUME, "--steps", "3", "--ckpt", str(ck), "--auto-resume") == 0
+    assert [s for s, _ in checkpoint.list_checkpoints(str(ck))] == [3]
+    assert _train(tmp_path, *RESUME, "--steps", "6", "--ckpt", str(ck), "--auto-resume") == 0
+    assert "resumed lltm from" in capsys.readouterr().out
+    assert [s for s, _ in checkpoint.list_checkpoints(str(ck))] == [3, 6]
+
+
+def test_damaged_newest_checkpoint_is_put_aside(tmp_path, capsys):
+    """A damaged newest checkpoint: the run resumes from the one before it and renames the damaged
+    file <name>.damaged, so that it is neither loaded again, nor counted by --keep, nor deleted."""
+    ck = tmp_path / "ck"
+    assert _train(tmp_path, *RESUME, "--steps", "6", "--ckpt", str(ck)) == 0
+    _damage(checkpoint.path_for(str(ck), 6))
+    with pytest.warns(UserWarning, match="skipping unreadable checkpoint"):
+        assert _train(tmp_path, *RESUME, "--steps", "12", "--ckpt", str(ck), "--resume", "--keep", "2") == 0
+    out = capsys.readouterr().out
+    assert f"newer checkpoint(s) that do not load renamed to {ck}/ckpt-00000006.pt.damaged" in out
+    assert "resumed lltm from" in out and "(step 3, " in out
+    assert sorted(os.listdir(ck)) == ["ckpt-00000006.pt.damaged", "ckpt-00000009.pt", "ckpt-00000012.pt"]
+
+
+@pytest.mark.parametrize(
+    "argv,difference",
+    [
+        (["--seed", "1"], "seed: checkpoint 0, this run 1"),
+        (["--lr", "0.001"], "lr: checkpoint 0.003, this run 0.001"),
+        (["--batch", "4"], "batch: checkpoint 8, this run 4"),
+        (["--seq-len", "21"], "seq_len: checkpoint 20, this run 21"),
+    ],
+    ids=["seed", "lr", "batch", "seq-len"],
+)
+def test_resume_refuses_other_training_options(tmp_path, capsys, argv, difference):
+    """--resume with another --seed, --lr, --batch or --seq-len than the checkpoint's is refused,
+    naming the difference; --override continues with the new values from the checkpoint's step."""
+    ck = tmp_path / "ck"
+    assert _train(tmp_path, *RESUME, "--steps", "3", "--ckpt", str(ck)) == 0
+    capsys.readouterr()
+    assert _train(tmp_path, *RESUME, "--steps", "6", "--ckpt", str(ck), "--resume", *argv) == 2
+    err = capsys.readouterr().err
+    path = checkpoint.path_for(str(ck), 3)
+    assert err == (
+        f"lltm train: error: checkpoint {path} was trained with other options ({difference}); pass the options "
+        "it was trained with, or --override to continue with these from its step\n"
+    )
+    assert [s for s, _ in checkpoint.list_checkpoints(str(ck))] == [3]
+    assert _train(tmp_path, *RESUME, "--steps", "6", "--ckpt", str(ck), "--resume", "--override", *argv) == 0
+    assert f"--override: {difference}" in capsys.readouterr().out
+    state = _final(ck)
+    assert state["step"] == 6
+    if argv[0] == "--lr":
+        assert state["optimizer"]["param_groups"][0]["lr"] == 0.001
+        assert state["config"]["train"]["lr"] == 0.001
+
+
+def test_resume_refuses_another_optimizer(tmp_path, capsys):
+    ck = tmp_path / "ck"
+    assert _train(tmp_path, *RESUME, "--steps", "3", "--ckpt", str(ck)) == 0
+    capsys.readouterr()
+    for extra in ([], ["--override"]):
+        assert (
+            _train(tmp_path, *RESUME, "--steps", "6", "--ckpt", str(ck), "--resume", "--optimizer", "sgd", *extra) == 2
+        )
+        assert "was trained with another optimizer (optimizer: checkpoint 'adam', this run 'sgd')" in (
+            capsys.readouterr().err
+        )
+
+
+def test_resume_at_or_past_steps_says_so(tmp_path, capsys):
+    """--steps below the checkpoint's step is an error that says what to pass; --steps equal to it says
+    there is nothing to train and exits 0; neither changes the checkpoints or the metrics."""
+    ck = tmp_path / "ck"
+    assert _train(tmp_path, *RESUME, "--steps", "6", "--ckpt", str(ck)) == 0
+    metrics = (tmp_path / "out" / "lltm.jsonl").read_text()
+    capsys.readouterr()
+    assert _train(tmp_path, *RESUME, "--steps", "4", "--ckpt", str(ck), "--resume") == 2
+    path = checkpoint.path_for(str(ck), 6)
+    assert capsys.readouterr().err == (
+        f"lltm train: error: --steps 4 is below the step of {path} (6): nothing to train; pass --steps above 6 "
+        "to train on from it\n"
+    )
+    assert _train(tmp_path, *RESUME, "--steps", "6", "--ckpt", str(ck), "--resume") == 0
+    assert capsys.readouterr().out == f"lltm train: lltm: {path} is at step 6 = --steps: nothing to train\n"
+    assert [s for s, _ in checkpoint.list_checkpoints(str(ck))] == [3, 6]
+    assert (tmp_path / "out" / "lltm.jsonl").read_text() == metrics
+
+
+def test_empty_text_is_one_line(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    assert _train(tmp_path, "--task", "charlm", "--text", str(empty), "--steps", "2") == 2
+    assert capsys.readouterr().err == f"lltm train: error: --text {empty} is empty; give charlm a text to model\n"
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--dropout", "0.2"], "--dropout acts between recurrent layers, so it has no effect with --layers 1; pass --layers 2 or more"),  # noqa: E501
+        (["--compare", "--model", "lstm"], "--compare trains both models (lltm, then lstm); drop --model"),
+        (["--match-params"], "--match-params sizes nn.LSTM to the LLTM's parameter count: use it with --compare or --model lstm"),  # noqa: E501
+        (["--text", "{file}"], "--text is the charlm task's text; --task copy does not read it"),
+        (["--task", "adding", "--copy-len", "3"], "--copy-len applies to --task copy only, not --task adding"),
+        (["--task", "adding", "--embed", "8"], "--embed has no effect on --task adding (its two features go in as they are)"),  # noqa: E501
+        (["--model", "lstm", "--backend", "aten"], "--backend picks the LLTM's backend; --model lstm (torch.nn.LSTM) has none"),  # noqa: E501
+        (["--ckpt-every", "5"], "--ckpt-every has no effect without --ckpt DIR"),
+        (["--keep", "5"], "--keep has no effect without --ckpt DIR"),
+        (["--override"], "--override applies to a resumed run: pass it with --resume or --auto-resume"),
+        (["--ckpt", "{dir}", "--resume", "--auto-resume"], "--resume and --auto-resume exclude each other (--auto-resume also starts a new run)"),  # noqa: E501
+        (["--auto-resume"], "--auto-resume needs --ckpt DIR (the directory to resume from)"),
+        (["--batch", "6", "--accumulate", "4"], "--accumulate 4 must divide each rank's 6 rows (--batch 6 over 1 rank(s))"),  # noqa: E501
+        (["--static-graph", "--accumulate", "2"], "--static-graph with --accumulate: DDP's static graph fails an internal assert in torch's reducer when its first backward runs under no_sync (torch 2.13); drop one of them"),  # noqa: E501
+    ],
+    ids=[
+        "dropout-one-layer", "compare-model", "match-params-lltm", "text-copy", "copy-len-adding", "embed-adding",
+        "backend-lstm", "ckpt-every", "keep", "override", "resume-twice", "auto-resume", "accumulate", "static-no-sync",
+    ],
+)  # fmt: skip
+def test_ignored_or_conflicting_options_are_refused(tmp_path, argv, message, capsys, monkeypatch):
+    """An option that would be ignored, or that conflicts with another, ends the run before any work
+    with one line naming it and the fix."""
+    monkeypatch.setattr("lltm.train.cli.train_model", lambda *a, **k: pytest.fail("trained despite a bad option"))
+    monkeypatch.setattr("lltm.train.cli.make_task", lambda *a, **k: pytest.fail("built the task despite a bad option"))
+    file = tmp_path / "a.txt"
+    file.write_text("x" * 1000)
+    argv = [a.format(file=file, dir=tmp_path / "ck") for a in argv]
+    task = [] if "--task" in argv else ["--task", "copy"]
+    assert cli.main(["train", *SMALL, "--out", str(tmp_path / "o"), "--steps", "2", *task, *argv]) == 2
+    assert capsys.readouterr().err == f"lltm train: error: {message}\n"
+
+
+def test_options_for_several_ranks_warn_in_one_process(tmp_path, capsys):
+    """DDP-only options given to one process: a warning line, and the run goes on."""
+    args = ["--task", "copy", "--steps", "2", "--no-plot", "--bucket-cap-mb", "1", "--static-graph"]
+    assert _train(tmp_path, *args) == 0
+    assert capsys.readouterr().err == (
+        "lltm train: warning: --bucket-cap-mb, --static-graph: no effect in one process (they apply under torchrun)\n"
+    )
+
+
+def test_every_option_has_help():
+    import argparse
+
+    from lltm.train import cli as train_cli
+
+    parser = argparse.ArgumentParser()
+    train_cli.add_arguments(parser)
+    missing = [a.option_strings for a in parser._actions if not a.help]
+    assert not missing, f"options without help text: {missing}"
+
+
+def test_accumulate_and_sgd(tmp_path):
+    """--accumulate 2 computes the gradient of the whole batch from its two halves: with SGD the result
+    equals the whole batch at once within float32 rounding (the grouping of the sums differs)."""
+    args = ["--task", "copy", "--steps", "4", "--no-plot", "--optimizer", "sgd", "--lr", "0.1", "--clip", "0"]
+    assert _train(tmp_path, *args, "--ckpt", str(tmp_path / "a")) == 0
+    assert _train(tmp_path, *args, "--accumulate", "2", "--ckpt", str(tmp_path / "b"), out="b") == 0
+    a, b = _final(tmp_path / "a"), _final(tmp_path / "b")
+    for k in a["model"]:
+        torch.testing.assert_close(b["model"][k], a["model"][k], rtol=1e-5, atol=1e-6, msg=k)
+    assert a["config"]["train"]["optimizer"] == "sgd" and b["accumulate"] == 2
 
 
 @pytest.mark.parametrize(
@@ -412,49 +618,3 @@ def test_runs_to_the_end_without_matplotlib(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert 'no loss curves: they need matplotlib (pip install "lltm[plot]"; --no-plot: do not ask)' in out
     assert (tmp_path / "out" / "summary.json").exists() and not (tmp_path / "out" / "loss.png").exists()
-
-
-# --- DDP ------------------------------------------------------------------------------------
-
-DDP = ["--task", "charlm", "--seq-len", "12", "--steps", "4", "--ckpt-every", "2", "--no-plot"]
-
-
-def _torchrun(tmp_path, nproc: int, *args: str) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "lltm",
-        "train",
-        *SMALL,
-        *DDP,
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
-def test_ddp_two_ranks_match_one(tmp_path):
-    """torchrun, 2 gloo ranks with 4 rows each == 1 rank with the same 8-row global batch (fp32 round-off);
-    and 2 ranks for 2 steps, resumed by 1 rank to step 4, == the same."""
-    _torchrun(tmp_path, 2, "--ckpt", str(tmp_path / "two"), "--out", str(tmp_path / "o2"))
-    assert _train(tmp_path, *DDP, "--ckpt", str(tmp_path / "one"), out="o1") == 0
-    one, two = _final(tmp_path / "one"), _final(tmp_path / "two")
-    assert two["world"] == 2 and len(two["rng"]) == 2
-    for k, v in one["model"].items():
-        torch.testing.assert_close(two["model"][k], v, rtol=1e-5, atol=1e-6, msg=k)
-    # Only rank 0 wrote: one config row, each step's row once.
-    rows = _rows(tmp_path / "o2" / "lltm.jsonl")
-    assert [r["kind"] for r in rows].count("config") == 1 and rows[0]["world"] == 2
-    assert [r["step"] for r in rows if r["kind"] == "train"] == [2, 4]
-
-    _torchrun(tmp_path, 2, "--steps", "2", "--ckpt", str(tmp_path / "mixed"), "--out", str(tmp_path / "o3"))
-    assert _train(tmp_path, *DDP, "--ckpt", str(tmp_path / "mixed"), "--resume", out="o3") == 0
-    mixed = _final(tmp_path / "mixed")
-    assert mixed["step"] == 4 and mixed["world"] == 1
-    for k, v in one["model"].items():
-        torch.testing.assert_close(mixed["model"][k], v, rtol=1e-5, atol=1e-6, msg=k)

@@ -20,7 +20,19 @@ from typing import Any
 
 import torch
 
-__all__ = ["CheckpointMismatch", "check_config", "list_checkpoints", "load_latest", "rng_state", "save", "set_rng"]
+__all__ = [
+    "CheckpointMismatch",
+    "NoCheckpoint",
+    "check_config",
+    "differences",
+    "list_checkpoints",
+    "load_latest",
+    "load_newest",
+    "put_aside",
+    "rng_state",
+    "save",
+    "set_rng",
+]
 
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
 _TMP = re.compile(r"^\.ckpt-\d{8}\.pt\.tmp\.\d+$")
@@ -28,6 +40,10 @@ _TMP = re.compile(r"^\.ckpt-\d{8}\.pt\.tmp\.\d+$")
 
 class CheckpointMismatch(ValueError):
     """The checkpoint was written for another model or task than this run builds."""
+
+
+class NoCheckpoint(ValueError):
+    """Resuming was asked for, but no checkpoint of the directory can be loaded."""
 
 
 def path_for(directory: str, step: int) -> str:
@@ -86,18 +102,70 @@ def save(directory: str, step: int, state: dict[str, Any], keep: int) -> str:
     return final
 
 
+def _load(path: str) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# what torch.load raises on a truncated or otherwise damaged file
+_DAMAGED = (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError)
+
+
+def load_newest(directory: str) -> tuple[str, dict[str, Any], list[str]] | None:
+    """(path, state, damaged) of the newest checkpoint in directory that loads, where
+    damaged lists the newer ones that did not (each reported with a warning); None
+    when the directory holds no checkpoint. Raises NoCheckpoint when it holds some
+    but none loads (they are left as they are)."""
+    found = list_checkpoints(directory)
+    if not found:
+        return None
+    damaged, reasons = [], []
+    for _, path in reversed(found):
+        try:
+            state = _load(path)
+        except _DAMAGED as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            warnings.warn(f"lltm train: skipping unreadable checkpoint {path}: {reason}", stacklevel=2)
+            damaged.append(path)
+            reasons.append(f"{os.path.basename(path)}: {reason}")
+            continue
+        return path, state, damaged
+    raise NoCheckpoint(
+        f"lltm train: none of the {len(found)} checkpoint(s) in {directory} can be loaded ("
+        + "; ".join(reasons)
+        + "); they were left as they are. Move them away to start from step 0, or use another --ckpt directory."
+    )
+
+
 def load_latest(directory: str) -> tuple[str, dict[str, Any]] | None:
     """(path, state) of the newest checkpoint in directory that loads, or None
     when there is none. One that fails to load (damaged outside this program)
-    is reported and the one before it is tried."""
-    for _, path in reversed(list_checkpoints(directory)):
+    is reported and the one before it is tried; NoCheckpoint when none loads."""
+    loaded = load_newest(directory)
+    return None if loaded is None else loaded[:2]
+
+
+def put_aside(paths: list[str]) -> list[str]:
+    """Rename damaged checkpoints to <name>.damaged: kept for a look, but no longer
+    loaded, counted by --keep or deleted by the rotation. Returns the new names."""
+    moved = []
+    for path in paths:
+        target = path + ".damaged"
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as e:  # truncated or damaged
-            warnings.warn(f"lltm train: skipping unreadable checkpoint {path}: {e}", stacklevel=2)
+            os.replace(path, target)
+        except OSError:
             continue
-        return path, state
-    return None
+        moved.append(target)
+    return moved
+
+
+def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """'key: checkpoint X, this run Y' for each key whose values differ (a key the
+    checkpoint does not record is not compared)."""
+    return [
+        f"{k}: checkpoint {saved[k]!r}, this run {current.get(k)!r}"
+        for k in sorted(saved)
+        if k in current and saved[k] != current[k]
+    ]
 
 
 def check_config(path: str, saved: dict[str, Any], current: dict[str, Any]) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -19,7 +20,23 @@ from lltm.train.ddp import Context
 from lltm.train.model import ModelConfig, SequenceModel, count_parameters
 from lltm.train.tasks import Stats, Task, shard
 
-__all__ = ["Options", "Result", "build", "evaluate", "train_model", "train_step"]
+__all__ = [
+    "OPTIMIZERS",
+    "Options",
+    "Result",
+    "Resume",
+    "build",
+    "evaluate",
+    "find_resume",
+    "run_config",
+    "train_model",
+    "train_step",
+]
+
+OPTIMIZERS = ("adam", "sgd")
+# Training options a resumed run must share with its checkpoint unless --override says otherwise
+# (the optimizer cannot change: its state is of one kind).
+OVERRIDABLE = ("seed", "lr", "batch", "seq_len", "clip", "dropout")
 
 
 @dataclass
@@ -38,9 +55,21 @@ class Options:
     eval_every: int = 50
     ckpt_every: int = 100
     keep: int = 3
-    resume: bool = False
     progress: bool = True
     warmup_steps: int = 5  # this process's first steps, timed apart (compilation, first-call costs)
+    optimizer: str = "adam"  # "adam" or "sgd" (plain, no momentum)
+    accumulate: int = 1  # micro-batches per rank and step; the first ones under DDP's no_sync
+    scaling_probe: int = 0  # with several ranks: steps of one process alone, timed after training
+    override: bool = False  # a resumed run may change OVERRIDABLE options
+
+
+@dataclass
+class Resume:
+    """The checkpoint a run continues from (read by rank 0, the same on every rank)."""
+
+    path: str
+    state: dict
+    changed: list = field(default_factory=list)  # "lr: checkpoint 0.003, this run 0.001", with --override
 
 
 @dataclass
@@ -63,6 +92,8 @@ class Result:
     warmup_steps: int
     warmup_s: float
     metrics: str
+    per_rank_tokens_per_s: Optional[list] = None  # each rank's own rows, steady state (several ranks)
+    scaling: Optional[dict] = None  # what the scaling probe saw (several ranks, --scaling-probe)
 
 
 def _seed_for(*parts: Any) -> int:
@@ -174,53 +205,141 @@ class _Clock:
         return (self.steps - self.warmup) / max(self.own - self.warmup_s, 1e-9), self.warmup, self.warmup_s
 
 
+def make_optimizer(kind: str, params, lr: float) -> torch.optim.Optimizer:
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    raise ValueError(f"lltm train: unknown --optimizer {kind!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
 def build(opts: Options, ctx: Context, cfg: ModelConfig) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(opts.seed)  # the same initial weights on every rank and in every rerun
     model = SequenceModel(cfg, dropout=opts.dropout, backend=opts.backend).to(ctx.device)
-    return model, torch.optim.Adam(model.parameters(), lr=opts.lr)
+    return model, make_optimizer(opts.optimizer, model.parameters(), opts.lr)
+
+
+def run_config(opts: Options, cfg: ModelConfig, task: Task) -> dict:
+    """What a checkpoint records of the run: the model's shapes, the task, and the training options
+    a resumed run must share with it (OVERRIDABLE ones may differ with --override)."""
+    return {
+        "model": cfg.as_dict(),
+        "task": task.describe(),
+        "train": {
+            "optimizer": opts.optimizer,
+            "seed": opts.seed,
+            "lr": opts.lr,
+            "batch": task.batch,
+            "seq_len": task.seq_len,
+            "clip": opts.clip,
+            "dropout": opts.dropout,
+        },
+    }
+
+
+def find_resume(
+    opts: Options, ctx: Context, config: dict, ckpt_dir: Optional[str], mode: str, kind: str
+) -> Optional[Resume]:
+    """The checkpoint to continue from, decided before any training.
+
+    mode "" (a fresh run): a directory holding checkpoints is refused. "must"
+    (--resume): the newest checkpoint that loads, an error when none does.
+    "auto" (--auto-resume): the same, but a directory without checkpoints
+    starts at step 0. Rank 0 reads the checkpoint and sends it to the other
+    ranks, so they need no access to the directory; every rank gets the same
+    answer or the same error. Damaged newer checkpoints are renamed
+    <name>.damaged (kept, but no longer loaded, counted or rotated away)."""
+    if not ckpt_dir:
+        return None
+    answer: Any = None
+    if ctx.is_main:
+        try:
+            answer = _read_resume(opts, config, ckpt_dir, mode, kind)
+        except (ValueError, FileExistsError) as e:  # the message says what to change
+            answer = ("error", str(e))
+        except Exception as e:  # anything else: every rank stops, not only this one
+            answer = ("failed", f"{type(e).__name__}: {e}")
+    answer = ctx.broadcast(answer)
+    if isinstance(answer, tuple):
+        raise (ValueError if answer[0] == "error" else RuntimeError)(answer[1])
+    return answer
+
+
+def _read_resume(opts: Options, config: dict, ckpt_dir: str, mode: str, kind: str) -> Optional[Resume]:
+    existing = checkpoint.list_checkpoints(ckpt_dir)
+    if not mode:
+        if existing:
+            raise FileExistsError(
+                f"lltm train: {ckpt_dir} already holds checkpoints (up to step {existing[-1][0]}); "
+                "pass --resume to continue that run, or choose another --ckpt directory"
+            )
+        return None
+    loaded = checkpoint.load_newest(ckpt_dir)  # NoCheckpoint when there are some but none loads
+    if loaded is None:
+        if mode == "auto":
+            return None
+        raise checkpoint.NoCheckpoint(
+            f"lltm train: --resume: no checkpoint in {ckpt_dir} (--auto-resume starts at step 0 when there is none)"
+        )
+    path, state, damaged = loaded
+    saved = state["config"]
+    checkpoint.check_config(path, {**saved["model"], **saved["task"]}, {**config["model"], **config["task"]})
+    train_saved = saved.get("train", {})  # checkpoints written before these were recorded: not compared
+    hard = checkpoint.differences({k: v for k, v in train_saved.items() if k not in OVERRIDABLE}, config["train"])
+    if hard:
+        raise checkpoint.CheckpointMismatch(
+            f"lltm train: checkpoint {path} was trained with another optimizer ({'; '.join(hard)}); "
+            "pass the options it was trained with, or use another --ckpt directory"
+        )
+    soft = checkpoint.differences({k: v for k, v in train_saved.items() if k in OVERRIDABLE}, config["train"])
+    if soft and not opts.override:
+        raise checkpoint.CheckpointMismatch(
+            f"lltm train: checkpoint {path} was trained with other options ({'; '.join(soft)}); pass the options "
+            "it was trained with, or --override to continue with these from its step"
+        )
+    step = int(state["step"])
+    if opts.steps < step:
+        raise ValueError(
+            f"lltm train: --steps {opts.steps} is below the step of {path} ({step}): nothing to train; "
+            f"pass --steps above {step} to train on from it"
+        )
+    if damaged:
+        moved = checkpoint.put_aside(damaged)
+        print(f"lltm train: {kind}: newer checkpoint(s) that do not load renamed to {', '.join(moved)}")
+    return Resume(path=path, state=state, changed=soft)
 
 
 def _restore(
     opts: Options,
     ctx: Context,
     cfg: ModelConfig,
-    config: dict,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    ckpt_dir: Optional[str],
+    resume: Optional[Resume],
 ) -> tuple[int, float, Optional[int]]:
-    """Loads the newest checkpoint when resuming. Returns (start step, training
+    """Loads the checkpoint to resume from, if any. Returns (start step, training
     time so far, the step resumed at or None)."""
     _seed_rank(opts.seed, 0, ctx.rank)
-    existing = checkpoint.list_checkpoints(ckpt_dir) if ckpt_dir else []
-    if existing and not opts.resume:
-        raise FileExistsError(
-            f"lltm train: {ckpt_dir} already holds checkpoints (up to step {existing[-1][0]}); "
-            "pass --resume to continue that run, or choose another --ckpt directory"
-        )
-    if not (opts.resume and ckpt_dir):
+    if resume is None:
         return 0, 0.0, None
-    loaded = checkpoint.load_latest(ckpt_dir)
-    if loaded is None:
-        if ctx.is_main:
-            print(f"lltm train: no checkpoint in {ckpt_dir}; starting from step 0")
-        return 0, 0.0, None
-    path, state = loaded
-    checkpoint.check_config(
-        path, {**state["config"]["model"], **state["config"]["task"]}, {**config["model"], **config["task"]}
-    )
+    state = resume.state
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    for group in optimizer.param_groups:  # the checkpoint's lr, or this run's with --override
+        group["lr"] = opts.lr
     start = int(state["step"])
     rngs = state["rng"]
-    if len(rngs) == ctx.world:
+    if len(rngs) == ctx.world and not any(c.startswith("seed:") for c in resume.changed):
         checkpoint.set_rng(rngs[ctx.rank], ctx.device)
     else:
-        # Another rank count: the data stream is the same (a function of the step), but
+        # Another rank count (or seed): the data stream is the same function of the step, but
         # dropout masks cannot be, so each rank starts a fresh stream from the step.
         _seed_rank(opts.seed, start, ctx.rank)
     if ctx.is_main:
-        print(f"lltm train: resumed {cfg.kind} from {path} (step {start}, {len(rngs)} rank(s) then, {ctx.world} now)")
+        print(
+            f"lltm train: resumed {cfg.kind} from {resume.path} (step {start}, {len(rngs)} rank(s) then, "
+            f"{ctx.world} now)" + (f"; --override: {'; '.join(resume.changed)}" if resume.changed else "")
+        )
     return start, float(state["train_time"]), start
 
 
@@ -235,17 +354,146 @@ def train_step(
 ) -> Tensor:
     """One optimisation step on this rank's shard of the step's batch; returns the loss (not read back)."""
     x, y = task.train_batch(step)
-    x = shard(x, ctx.rank, ctx.world).to(ctx.device, non_blocking=True)
-    y = shard(y, ctx.rank, ctx.world).to(ctx.device, non_blocking=True)
-    with _autocast(ctx, opts.bf16):
-        out = net(x)
-    loss = task.loss(out, y)
+    return step_on(net, model, optimizer, task, ctx, opts, shard(x, ctx.rank, ctx.world), shard(y, ctx.rank, ctx.world))
+
+
+def step_on(
+    net: nn.Module,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    task: Task,
+    ctx: Context,
+    opts: Options,
+    x: Tensor,
+    y: Tensor,
+) -> Tensor:
+    """One optimisation step on the rows x, y (this rank's, on the CPU); returns the loss.
+
+    With opts.accumulate = k the rows are cut into k contiguous micro-batches, each
+    backpropagated with its loss over k; under DDP the first k - 1 run in no_sync (their
+    gradients accumulate locally) and the last one's backward all-reduces the sum. So N
+    ranks with k = 1 compute exactly what one process with k = N computes (each micro-batch
+    is a rank's shard, and scaling by a power of two is exact), up to the order in which the
+    all-reduce adds the ranks' gradients: with 2 ranks there is only one."""
+    k = opts.accumulate
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    ddp_net = getattr(net, "_orig_mod", net)  # torch.compile's wrapper keeps the DDP module here
+    losses = []
+    for i, (xi, yi) in enumerate(zip(x.chunk(k), y.chunk(k))):
+        sync = contextlib.nullcontext() if i == k - 1 else Context.no_sync(ddp_net)
+        with sync:
+            with _autocast(ctx, opts.bf16):
+                out = net(xi.to(ctx.device, non_blocking=True))
+            loss = task.loss(out, yi.to(ctx.device, non_blocking=True))
+            (loss / k if k > 1 else loss).backward()
+        losses.append(loss.detach())
     if opts.clip > 0:
         nn.utils.clip_grad_norm_(model.parameters(), opts.clip)
     optimizer.step()
-    return loss.detach()
+    return losses[0] if k == 1 else torch.stack(losses).mean()
+
+
+def _rng_states(device: torch.device) -> tuple:
+    return torch.get_rng_state(), random.getstate(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def _set_rng_states(states: tuple, device: torch.device) -> None:
+    torch.set_rng_state(states[0])
+    random.setstate(states[1])
+    if states[2] is not None:
+        torch.cuda.set_rng_state(states[2], device)
+
+
+def _alone(model: nn.Module, task: Task, ctx: Context, opts: Options, rows: int, steps: int) -> Optional[float]:
+    """Steps per second of this process alone training a copy of model on the first `rows` rows
+    of each global batch (no DDP, no all-reduce): a one-process baseline of the scaling probe.
+    None when the rows do not fit on the device."""
+    probe = copy.deepcopy(model)
+    optimizer = make_optimizer(opts.optimizer, probe.parameters(), opts.lr)
+    alone = Context(rank=0, world=1, local_rank=ctx.local_rank, device=ctx.device)
+    warm = 2
+    try:
+        for i in range(warm + steps):
+            if i == warm:
+                _sync(ctx)
+                t0 = time.perf_counter()
+            x, y = task.train_batch(i)
+            step_on(probe, probe, optimizer, task, alone, opts, x[:rows], y[:rows])
+            ctx.beat(f"scaling probe step {i + 1}")
+        _sync(ctx)
+        return steps / max(time.perf_counter() - t0, 1e-9)
+    except torch.OutOfMemoryError:
+        return None
+    finally:
+        del probe, optimizer
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def scaling_probe(model: nn.Module, task: Task, ctx: Context, opts: Options, global_rate: float) -> dict:
+    """Rank 0 alone (the others wait) trains a copy of the model on one rank's rows and on the
+    whole global batch for opts.scaling_probe steps; with the run's global steps/s this gives
+    the weak-scaling efficiency (N ranks against N times one process on a rank's rows) and the
+    strong-scaling speed-up (against one process on the global batch). The run's weights,
+    optimizer and random streams are not touched."""
+    result: dict = {}
+    if ctx.is_main:
+        rngs = _rng_states(ctx.device)
+        was_training = model.training
+        model.train()
+        rows = task.batch // ctx.world
+        seq = task.seq_len
+        rank_rate = _alone(model, task, ctx, opts, rows, opts.scaling_probe)
+        whole_rate = _alone(model, task, ctx, opts, task.batch, opts.scaling_probe)
+        model.train(was_training)
+        _set_rng_states(rngs, ctx.device)
+        run_tokens = global_rate * task.batch * seq
+        result = {"world": ctx.world, "probe_steps": opts.scaling_probe, "tokens_per_s": run_tokens}
+        if rank_rate is not None:
+            alone = rank_rate * rows * seq
+            result.update(
+                one_rank_rows=rows, one_rank_tokens_per_s=alone, weak_efficiency=run_tokens / (ctx.world * alone)
+            )
+        if whole_rate is not None:
+            whole = whole_rate * task.batch * seq
+            speedup = run_tokens / whole
+            result.update(
+                one_process_batch=task.batch,
+                one_process_tokens_per_s=whole,
+                speedup=speedup,
+                strong_efficiency=speedup / ctx.world,
+            )
+    ctx.beat("waiting for rank 0's scaling probe")
+    result = ctx.broadcast(result)
+    ctx.beat("the scaling probe")
+    return result
+
+
+def describe_scaling(s: dict, per_rank: list, rows: int) -> str:
+    """The lines `lltm train` prints after a run on several ranks."""
+    ranks = ", ".join(f"rank {r} {t:,.0f}" for r, t in enumerate(per_rank))
+    lines = [f"per-rank throughput (steady state, tokens/s, {rows} rows each): {ranks}; all ranks {sum(per_rank):,.0f}"]
+    if s:
+        parts = []
+        if "weak_efficiency" in s:
+            parts.append(
+                f"one process alone on a rank's {s['one_rank_rows']} rows: {s['one_rank_tokens_per_s']:,.0f} tokens/s, "
+                f"weak-scaling efficiency {s['weak_efficiency']:.2f}"
+            )
+        else:
+            parts.append("one process on a rank's rows: did not fit")
+        if "speedup" in s:
+            parts.append(
+                f"one process on the global batch of {s['one_process_batch']}: {s['one_process_tokens_per_s']:,.0f} "
+                f"tokens/s, speed-up {s['speedup']:.2f}x (strong-scaling efficiency {s['strong_efficiency']:.2f})"
+            )
+        else:
+            parts.append("one process on the global batch: did not fit")
+        lines.append(
+            f"scaling seen ({s['world']} ranks, {s['tokens_per_s']:,.0f} tokens/s; rank 0 alone for "
+            f"{s['probe_steps']} steps each): " + "; ".join(parts)
+        )
+    return "\n".join(lines)
 
 
 class _Run:
@@ -282,6 +530,7 @@ class _Run:
         )
 
     def after_step(self, done: int, loss: Tensor) -> None:
+        self.ctx.beat(f"step {done}")
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
         self.bar.update(1)
         clock = self.clock
@@ -299,8 +548,10 @@ class _Run:
             clock.pause()
             if do_eval and self.ctx.is_main:
                 self._evaluate(done)
+                self.ctx.beat(f"the evaluation at step {done}")
             if do_ckpt:
                 self._save(done)
+                self.ctx.beat(f"the checkpoint of step {done}")
             clock.resume()
 
     def _log(self, done: int) -> None:
@@ -338,15 +589,29 @@ class _Run:
                 "rng": rngs,
                 "train_time": self.clock.train_time,
                 "world": self.ctx.world,
+                "accumulate": self.opts.accumulate,
             }
             checkpoint.save(self.ckpt_dir, step, state, self.opts.keep)
 
     def finish(self, params: int, metrics_path: str) -> Result:
         self.bar.close()
-        if self.clock.steps == 0 and self.ctx.is_main:  # resumed at or past --steps: where the checkpoint stands
+        if self.clock.steps == 0 and self.ctx.is_main:  # resumed at --steps: where the checkpoint stands
             self._evaluate()
         self.ctx.barrier()  # rank 0 may still be evaluating or writing
+        self.ctx.beat("the end of training")
         rate, warmup_steps, warmup_s = self.clock.summary()
+        per_rank = scaling = None
+        if self.ctx.distributed:
+            rows = self.task.batch // self.ctx.world
+            per_rank = self.ctx.gather(None if rate is None else rate * rows * self.task.seq_len)
+            if rate is not None and None not in per_rank:
+                if self.opts.scaling_probe > 0:
+                    scaling = scaling_probe(self.model, self.task, self.ctx, self.opts, rate)
+                if self.ctx.is_main:
+                    print(describe_scaling(scaling or {}, per_rank, rows))
+                    self.metrics.write(
+                        {"kind": "scaling", "step": self.opts.steps, "per_rank": per_rank, **(scaling or {})}
+                    )
         return Result(
             kind=self.cfg.kind,
             hidden=self.cfg.hidden,
@@ -360,6 +625,8 @@ class _Run:
             warmup_steps=warmup_steps,
             warmup_s=warmup_s,
             metrics=metrics_path,
+            per_rank_tokens_per_s=per_rank,
+            scaling=scaling,
         )
 
 
@@ -383,12 +650,14 @@ def train_model(
     cfg: ModelConfig,
     metrics_path: str,
     ckpt_dir: Optional[str],
+    resume: Optional[Resume] = None,
 ) -> Result:
     """Train one model for opts.steps global steps (counting the steps of the
-    checkpoint it resumes from) and return how it ended."""
+    checkpoint `resume` it continues from, see find_resume) and return how it ended."""
     model, optimizer = build(opts, ctx, cfg)
-    config = {"model": cfg.as_dict(), "task": task.describe()}
-    start, train_time, resumed_at = _restore(opts, ctx, cfg, config, model, optimizer, ckpt_dir)
+    config = run_config(opts, cfg, task)
+    start, train_time, resumed_at = _restore(opts, ctx, cfg, model, optimizer, resume)
+    ctx.beat("the model was built")
     net = ctx.wrap(model)
     if opts.compile:
         compile_in_process()
@@ -405,11 +674,14 @@ def train_model(
             "bf16": opts.bf16,
             "compile": opts.compile or False,
             "lr": opts.lr,
+            "optimizer": opts.optimizer,
             "batch": task.batch,
+            "accumulate": opts.accumulate,
             "seq_len": task.seq_len,
             "torch": torch.__version__,
             "model": cfg.kind,
             "warmup_steps": opts.warmup_steps,
+            **({"ddp": ctx.ddp.kwargs()} if ctx.distributed else {}),
             **{k: v for k, v in config["model"].items() if k != "kind"},
             **config["task"],
         }

@@ -223,6 +223,8 @@ class CharLMTask(Task):
             except OSError as e:
                 raise ValueError(f"lltm train: cannot read --text {text!r}: {e.strerror}") from None
             self.source = os.path.basename(text)
+            if not data:
+                raise ValueError(f"lltm train: --text {text} is empty; give charlm a text to model")
         self.data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         split = int(len(data) * (1 - held_out_frac))
         self.train_data, self.eval_data = self.data[:split], self.data[split:]
