@@ -88,3 +88,27 @@ def test_export_keeps_the_custom_op():
     assert "lltm.aten_cell_forward" in str(ep.graph)
     x = torch.randn(2, 3)
     torch.testing.assert_close(ep.module()(x), cell(x))
+
+
+def test_one_graph_for_packed_input_and_for_sizes_from_two():
+    """torch.compile(fullgraph=True, dynamic=True): PackedSequence input compiles without a graph break
+    and one graph serves every batch of sequences; tensor input shares one graph for every T >= 2 and
+    B >= 2 (torch specializes sizes 0 and 1, so those compile once more each, as the README says)."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    layer = lltm.LLTM(4, 6, 2, bidirectional=True, backend="aten")
+    counter = CompileCounter()
+    model = torch.compile(layer, fullgraph=True, dynamic=True, backend=counter)
+    for lengths in ((7, 3, 5), (9, 2, 5, 4), (3, 2)):
+        packed = torch.nn.utils.rnn.pack_sequence([torch.randn(n, 4) for n in lengths], enforce_sorted=False)
+        out, (h, _) = model(packed)
+        ref, (h_ref, _) = layer(packed)
+        torch.testing.assert_close(out.data, ref.data)
+        torch.testing.assert_close(h, h_ref)
+    assert counter.frame_count == 1
+    counter = CompileCounter()
+    model = torch.compile(layer, fullgraph=True, dynamic=True, backend=counter)
+    for T, B in ((5, 3), (8, 2), (2, 7)):
+        model(torch.randn(T, B, 4))
+    assert counter.frame_count == 1

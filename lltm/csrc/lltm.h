@@ -167,7 +167,7 @@ CellBackwardResult fused_cell_backward_cuda(const at::Tensor& grad_h, const at::
                                             const at::Tensor& new_cell, const at::Tensor& gates,
                                             const at::Tensor& input, const at::Tensor& weights,
                                             const at::Tensor& old_h, OutputMask output_mask);
-// Fused CUDA sequence operators (cuda/seq_forward.cu, cuda/seq_backward.cu).
+// Fused CUDA sequence operators (cuda/rnn_cuda.cu: the LLTM over the generic kernels).
 SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input, const at::Tensor& weights,
                                         const std::optional<at::Tensor>& bias, const at::Tensor& h0,
                                         const at::Tensor& c0, const std::optional<at::Tensor>& lengths);
@@ -178,7 +178,7 @@ SeqBackwardResult fused_seq_backward_cuda(const std::optional<at::Tensor>& grad_
                                           const at::Tensor& c0, const at::Tensor& output,
                                           const at::Tensor& gates, const std::optional<at::Tensor>& lengths,
                                           OutputMask output_mask);
-// seq_cells for CUDA tensors (cuda/seq_backward.cu): one thread per (row,
+// seq_cells for CUDA tensors (cuda/rnn_cuda.cu): one thread per (row,
 // unit) walking t, with the loads of several steps in flight.
 at::Tensor seq_cells_cuda(const at::Tensor& c0, const at::Tensor& gates);
 // The fused CUDA sequence ops' time-loop plan for one direction of a layer

@@ -1,6 +1,6 @@
 // Registration of the fused CUDA backend: the CUDA kernels of
 // lltm::fused_cell_{forward,backward} (cell_forward.cu, cell_backward.cu) and
-// lltm::fused_seq_{forward,backward} (seq_forward.cu, seq_backward.cu).
+// lltm::fused_seq_{forward,backward} (rnn_cuda.cu).
 // Schemas are in ../ops.cpp, autograd in ../autograd_*.cpp, the autocast
 // rules in ../autocast_cuda.cu.
 #include <torch/library.h>

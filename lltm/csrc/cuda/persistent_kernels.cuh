@@ -1,6 +1,6 @@
 // The persistent recurrent kernels, written once for every cell (the
 // cell's traits, cells/cell.h, are a template parameter) and both exchange
-// policies; seq_persistent.cu has the overview and launches them.
+// policies; seq_persistent.cu has the overview, persistent_launch.cuh launches them.
 //
 // Template parameters: the Cell, the tensor dtype, NB batch rows per thread
 // group, the dot (kMma: tensor-core tiles; else FMA chains with W_hh's slice

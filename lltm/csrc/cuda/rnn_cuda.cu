@@ -5,7 +5,7 @@
 //
 // Forward: zx = x W_ih^T for all T steps is one cuBLAS GEMM over T*B rows.
 // Then the time loop, as the planner (seq_plan.h) chooses: one launch of a
-// persistent kernel (seq_persistent.cu), or the step loop: per step one
+// persistent kernel (seq_persistent.h), or the step loop: per step one
 // GEMM (h_{t-1} W_hh^T, added into zx_t, or into a zh buffer for cells that
 // keep it apart) and one pointwise kernel (the cell's forward, biases, the
 // length mask), replayed from a CUDA graph where the call repeats

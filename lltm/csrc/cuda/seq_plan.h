@@ -1,6 +1,6 @@
 // The plan of a fused CUDA sequence op's time loop: which implementation runs
 // it, with which work split, chosen by a written cost model. Host code only:
-// the kernels (seq_persistent.cu, seq_forward.cu, seq_backward.cu) know
+// the kernels (persistent_kernels.cuh, rnn_pointwise.cuh) know
 // nothing of it, and it knows of the kernels only what the caller tells it
 // (which have a body for the device, how many CTAs of a launch shape fit).
 //
