@@ -198,6 +198,11 @@ def rnn(
     lengths = lengths_arg(op_name, lengths, input)
     state = tuple(state) if isinstance(state, (tuple, list)) else state
     name = _backends.resolve(backend, input.device.type, spec.op_family())
+    if name != "python" and _functorch.active():
+        raise RuntimeError(
+            f"{op_name}: torch.func transforms (grad, vjp, vmap, ...) over the {name!r} backend's {cell} "
+            "operators are not supported yet; use backend='python' for them (LLTM's operators support them)"
+        )
     if name == "python":
         check_rnn_args(op_name, spec, input, weight_ih, weight_hh, bias_ih, bias_hh, state, lengths)
         return rnn_reference(spec.reference, input, weight_ih, weight_hh, bias_ih, bias_hh, state, lengths)

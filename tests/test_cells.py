@@ -424,3 +424,21 @@ def test_cuda_paths_match_reference(monkeypatch, torch_settings, cell, path, dot
     for k, (g, w) in enumerate(zip(got, want)):
         assert torch.isfinite(g).all(), f"result {k}: unwritten or non-finite elements"
         assert rel_err(g, w) <= tol, f"result {k}: {rel_err(g, w):.2e}"
+
+
+def test_torch_func_names_the_python_backend():
+    """torch.func over the cells' compiled operators is refused with an error naming backend='python',
+    which supports it (per-sample gradients below)."""
+    model = lltm.LSTM(3, 4, backend="aten", dtype=torch.float64)
+    params = dict(model.named_parameters())
+    x = torch.randn(5, 2, 3, dtype=torch.float64)
+
+    def loss(p, x):
+        out, _ = torch.func.functional_call(model, p, (x,))
+        return out.sum()
+
+    with pytest.raises(RuntimeError, match=r"torch.func transforms .* 'aten' backend's lstm .* backend='python'"):
+        torch.func.grad(loss)(params, x)
+    model.backend = "python"
+    grads = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 1))(params, x.unsqueeze(2))
+    assert grads["weight_hh_l0"].shape == (2, 16, 4)

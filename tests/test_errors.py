@@ -270,3 +270,36 @@ def test_missing_extension_says_how_to_build(monkeypatch):
     assert lltm.backends("cpu") == {"python": True, "aten": False, "fused": False}
     h, c = functional.lltm_cell(*_args(), backend="auto")  # falls back to python
     assert h.shape == (B, S)
+
+
+@pytest.mark.parametrize(
+    "make,error,message",
+    [
+        (lambda: lltm.LLTM(3, 5, 2.0), TypeError, r"lltm.LLTM: num_layers must be an int, got 2.0"),
+        (lambda: lltm.LLTM(3, 5, "2"), TypeError, r"lltm.LLTM: num_layers must be an int, got '2'"),
+        (
+            lambda: lltm.LLTM(3, 5, 2, dropout=True),
+            TypeError,
+            r"dropout must be a float probability in \[0, 1\], got True",
+        ),
+        (lambda: lltm.LLTM(3, 5, batch_first="yes"), TypeError, r"lltm.LLTM: batch_first must be a bool, got 'yes'"),
+        (lambda: lltm.LLTMCell(3, 5, bias=None), TypeError, r"lltm.LLTMCell: bias must be a bool, got None"),
+    ],
+)
+def test_module_constructor_arguments_are_one_clear_line(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_module_inputs_that_are_not_tensors_and_the_callers_shape():
+    """A list or an array into a module is a TypeError (as the README says), and a shape error names
+    the shape the caller passed (batch_first: not the transposed one)."""
+    import numpy as np
+
+    for bad in ([[0.0, 1.0, 2.0]], np.zeros((2, 3), dtype=np.float32)):
+        with pytest.raises(TypeError, match=r"lltm.LLTMCell: expected input to be a torch.Tensor"):
+            lltm.LLTMCell(3, 5)(bad)
+        with pytest.raises(TypeError, match=r"lltm.LLTM: expected input to be a torch.Tensor"):
+            lltm.LLTM(3, 5)(bad)
+    with pytest.raises(ValueError, match=r"input_size = 3 features, but got 2 \(input of shape \[4, 6, 2\]\)"):
+        lltm.LLTM(3, 5, batch_first=True)(torch.randn(4, 6, 2))
