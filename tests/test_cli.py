@@ -141,8 +141,9 @@ def test_bench_sequence_compile_row(capsys):
         (["--device", "tpux"], "argument --device: not a device: 'tpux'"),
         (["--plot", "/nonexistent/dir/x.png"], "argument --plot: folder /nonexistent/dir does not exist"),
         (["--json", "/nonexistent/dir/x.json"], "argument --json: folder /nonexistent/dir does not exist"),
+        (["--cell", "rnn"], "argument --cell: invalid choice: 'rnn'"),
     ],
-    ids=["rows", "runs", "rounds", "seq", "state", "min-run-time", "device", "plot", "json"],
+    ids=["rows", "runs", "rounds", "seq", "state", "min-run-time", "device", "plot", "json", "cell"],
 )
 def test_bench_bad_arguments_are_usage_errors(argv, message, capsys, monkeypatch):
     """argparse rejects them (one line, exit 2) before any work."""
@@ -152,6 +153,28 @@ def test_bench_bad_arguments_are_usage_errors(argv, message, capsys, monkeypatch
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith(f"lltm bench: error: {message}") and err.count("\n") == 1
+
+
+def test_bench_cell_needs_seq(capsys, monkeypatch):
+    """--cell picks the layer of sequence mode: without --seq it is a usage error, before any work."""
+    monkeypatch.setattr(bench.cli.timing, "measure", lambda *a, **k: pytest.fail("measured despite a bad argument"))
+    assert cli.main(["bench", "--cell", "gru", *QUICK]) == 2
+    err = capsys.readouterr().err
+    assert err == "lltm bench: error: --cell gru times a layer: it needs --seq T\n"
+
+
+@pytest.mark.parametrize("cell,peer", [("lstm", "lstm"), ("gru", "gru")])
+def test_bench_seq_cell_against_its_torch_module(cell, peer, tmp_path, capsys):
+    """--cell lstm / gru time lltm.LSTM / lltm.GRU, the ratios taken to nn.LSTM / nn.GRU."""
+    out_json = tmp_path / "r.json"
+    argv = ["bench", "-b", "2", "-f", "3", "-s", "4", "--seq", "3", "--cell", cell, "--rows", f"aten,{peer}"]
+    assert cli.main([*argv, "--json", str(out_json), *QUICK]) == 0
+    out = capsys.readouterr().out
+    assert _has_row(out, "aten") and _has_row(out, peer) and f"time / {peer}" in out
+    data = json.loads(out_json.read_text())
+    assert data["meta"]["cell"] == cell
+    aten = next(r for r in data["results"] if r["name"] == "aten")
+    assert aten["peer"] == peer and aten["note"].startswith(f"lltm.{cell.upper()}, T=3")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the rows are available on a CUDA machine")

@@ -10,6 +10,7 @@ import sys
 
 import torch
 
+from lltm import cells as lltm_cells
 from lltm._argtypes import device_arg, fail, int_at_least, output_file, positive_float
 from lltm.bench import cases as rows_mod
 from lltm.bench import report, timing
@@ -92,6 +93,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="time one lltm.LLTM layer over T steps (time-major) against nn.LSTM, with memory; 0: one cell step",
     )
     p.add_argument(
+        "--cell",
+        choices=sorted(lltm_cells.BUILT_IN),
+        default="lltm",
+        help="the layer's cell with --seq: lltm.LLTM, lltm.LSTM or lltm.GRU (its peer: nn.GRU for gru, else nn.LSTM)",
+    )
+    p.add_argument(
         "--param-grads-only", action="store_true", help="only parameters need gradients (the tutorial's setting)"
     )
     p.add_argument(
@@ -162,6 +169,7 @@ def _config(args: argparse.Namespace, device: torch.device) -> rows_mod.Config:
         param_grads_only=args.param_grads_only,
         accumulate_grads=args.accumulate_grads,
         autocast=DTYPES[args.autocast] if args.autocast else None,
+        cell=args.cell,
     )
 
 
@@ -197,6 +205,7 @@ def _meta(args: argparse.Namespace, cfg: rows_mod.Config) -> dict:
         "features": cfg.features,
         "state_size": cfg.state_size,
         "seq": cfg.seq,
+        "cell": cfg.cell,
         "dtype": str(cfg.dtype).replace("torch.", "") + (f" under autocast({args.autocast})" if args.autocast else ""),
         "device": str(cfg.device),
         "device_name": device_name(cfg.device),
@@ -220,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             return fail("lltm bench", '--plot needs matplotlib (pip install "lltm[plot]")')
+    if args.cell != "lltm" and not args.seq:
+        return fail("lltm bench", f"--cell {args.cell} times a layer: it needs --seq T")
     cfg = _config(args, _device(args.device))
     names = args.rows or list(rows_mod.SEQ_DEFAULT if cfg.seq else rows_mod.CELL_DEFAULT)
     cases, skipped = rows_mod.build(names, cfg)
@@ -235,8 +246,10 @@ def run(args: argparse.Namespace) -> int:
     if not cases:
         print("lltm bench: no row could run here; nothing measured", file=sys.stderr)
         return 1
-    # The peer every row is measured against: the GEMM floor of a cell step, nn.LSTM for a layer.
-    rows = report.results(cases, measured, peer="lstm" if cfg.seq else "gemm", pipelined=cfg.device.type == "cuda")
+    # The peer every row is measured against: the GEMM floor of a cell step, nn.LSTM (nn.GRU for the
+    # gru cell) for a layer.
+    peer = ("gru" if cfg.cell == "gru" else "lstm") if cfg.seq else "gemm"
+    rows = report.results(cases, measured, peer=peer, pipelined=cfg.device.type == "cuda")
     meta = _meta(args, cfg)
     print(report.format_table(rows, meta, skipped))
     if args.json:

@@ -1,101 +1,29 @@
 // What every sequence backward operator shares, whatever its backend: the
 // recomputed cell states (seq_cells) and the parameter and input gradients
 // over all T*B rows once the reverse-time loop has produced d_pre
-// (seq_parameter_gradients). ATen ops, plus a row-wise loop on CPU and a
-// kernel on CUDA for the cell states.
+// (seq_parameter_gradients). ATen ops, plus the cell's recompute by the
+// fused kernels of each device for the cell states.
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-#include <ATen/Version.h>
-
-#include <algorithm>
-#include <cmath>
 
 #include "lltm.h"
 
 namespace lltm {
 
-namespace {
-
-// The forward's cell update on the CPU, c' = c + candidate * input_gate in
-// opmath, rounded as the forwards round it: ATen's at::addcmul (the aten
-// backend) and the fused CPU pass's at::vec::fmadd are one fused
-// multiply-add in the AVX2 and AVX512 builds of their kernels, and a
+// seq_cells for CPU tensors (cpu/rnn_cpu.cpp): the LLTM cell's recompute
+// (cells/lltm.h) by the fused CPU kernels of the capability ATen runs with,
+// so that c' = c + candidate * input_gate rounds as the forwards round it:
+// ATen's at::addcmul (the aten backend) and the fused CPU kernels are one
+// fused multiply-add in the AVX2 and AVX512 builds of their kernels, and a
 // product then a sum in the default build. Backward must see the forward's
 // cell states bit for bit: a recomputation that rounds differently drifts
 // from them, step after step, and at T = 3000 that alone made the float32
-// gradients ~15x less accurate than the python backend's.
-bool cpu_kernels_fuse_multiply_add() {
-  static const bool fused = at::get_cpu_capability() != "DEFAULT";
-  return fused;
-}
-
-// c_t for batch rows [begin, end), c' = update(candidate, input_gate, c):
-// each row walks t over contiguous rows of S (at::cumsum over the time
-// dimension walks every (b, j) column apart, with a stride, and cost as
-// much as the rest of the backward at T=50, B=16, S=128). The state is
-// carried in the tensor's dtype, as the forward stores it after every step.
-template <typename scalar_t, typename Update>
-inline void cells_cpu_rows(const scalar_t* gates, const scalar_t* c0, scalar_t* cells, int64_t steps,
-                           int64_t batch, int64_t state, int64_t begin, int64_t end, Update update) {
-  using acc_t = at::opmath_type<scalar_t>;
-  for (int64_t b = begin; b < end; ++b) {
-    const scalar_t* c_prev = c0 + b * state;
-    for (int64_t t = 0; t < steps; ++t) {
-      const scalar_t* i = gates + (t * batch + b) * 3 * state;
-      const scalar_t* candidate = i + 2 * state;
-      scalar_t* c_t = cells + (t * batch + b) * state;
-      for (int64_t j = 0; j < state; ++j) {
-        const acc_t c = static_cast<acc_t>(c_prev[j]);
-        const acc_t a = static_cast<acc_t>(candidate[j]);
-        const acc_t g = static_cast<acc_t>(i[j]);
-        c_t[j] = static_cast<scalar_t>(update(a, g, c));
-      }
-      c_prev = c_t;
-    }
-  }
-}
-
-// The same with one fused multiply-add: compiled for FMA (an instruction,
-// not a call to libm's fma per element), called only where ATen's kernels
-// have FMA, so the CPU has it.
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define LLTM_TARGET_FMA __attribute__((target("fma")))
-#else
-#define LLTM_TARGET_FMA
-#endif
-template <typename scalar_t>
-LLTM_TARGET_FMA void cells_cpu_rows_fma(const scalar_t* gates, const scalar_t* c0, scalar_t* cells,
-                                        int64_t steps, int64_t batch, int64_t state, int64_t begin,
-                                        int64_t end) {
-  cells_cpu_rows(gates, c0, cells, steps, batch, state, begin, end,
-                 [](auto a, auto g, auto c) { return std::fma(a, g, c); });
-}
-
-at::Tensor seq_cells_cpu(const at::Tensor& c0, const at::Tensor& gates) {
-  const int64_t steps = gates.size(0), batch = gates.size(1), state = gates.size(2) / 3;
-  const at::Tensor g = gates.contiguous();
-  const at::Tensor c_init = c0.contiguous();
-  at::Tensor cells = at::empty({steps, batch, state}, gates.options());
-  const bool fma = cpu_kernels_fuse_multiply_add();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gates.scalar_type(), "lltm_seq_cells", [&] {
-    const scalar_t* gp = g.const_data_ptr<scalar_t>();
-    const scalar_t* cp = c_init.const_data_ptr<scalar_t>();
-    scalar_t* out = cells.mutable_data_ptr<scalar_t>();
-    const int64_t grain = std::max<int64_t>(1, 32768 / (steps * state + 1));
-    at::parallel_for(0, batch, grain, [&](int64_t begin, int64_t end) {
-      if (fma) {
-        cells_cpu_rows_fma(gp, cp, out, steps, batch, state, begin, end);
-      } else {
-        cells_cpu_rows(gp, cp, out, steps, batch, state, begin, end,
-                       [](auto a, auto g, auto c) { return c + a * g; });
-      }
-    });
-  });
-  return cells;
-}
-
-}  // namespace
+// gradients ~15x less accurate than the python backend's. Each row walks t
+// over contiguous rows of S (at::cumsum over the time dimension walks every
+// (b, j) column apart, with a stride, and cost as much as the rest of the
+// backward at T=50, B=16, S=128); the state is carried in the tensor's
+// dtype, as the forward stores it after every step.
+at::Tensor seq_cells_cpu(const at::Tensor& c0, const at::Tensor& gates);
 
 at::Tensor seq_cells(const at::Tensor& c0, const at::Tensor& gates) {
   const int64_t steps = gates.size(0), batch = gates.size(1), state = gates.size(2) / 3;

@@ -1,6 +1,8 @@
-// The LLTM cell's math on the CPU, on at::vec::Vectorized values: one
-// vector of units of one row, forward and backward. The step kernels
-// (step_kernels.h) run it on the accumulators of their GEMM tiles.
+// The cells' math on the CPU, on at::vec::Vectorized values: the vector
+// functions of the cells' math policy (cells/cell.h: VecMath below), and
+// loads and stores of one vector of units in opmath. The step kernels
+// (step_kernels.h) run each cell's pointwise code, written once in its
+// traits header, on the accumulators of their GEMM tiles.
 //
 // Included by the kernels_<capability>.cpp files only, after each has
 // chosen its instruction set: everything here lives in the inline namespace
@@ -144,11 +146,6 @@ inline Vec<T> tanh(const Vec<T>& x) {
   const Vec<T> t = e.neg() * reciprocal(e + Vec<T>(T(2)));
   return Vec<T>::blendv(t, t.neg(), x < Vec<T>(T(0)));
 }
-template <typename T>
-inline Vec<T> elu_grad(const Vec<T>& a) {
-  const Vec<T> one(T(1));
-  return Vec<T>::blendv(a + one, one, a > Vec<T>(T(0)));
-}
 
 // ---- loads and stores in opmath ---------------------------------------------
 
@@ -214,46 +211,26 @@ inline void store(T* p, const Vec<at::opmath_type<T>>& v, int64_t n) {
   }
 }
 
-// ---- the cell on one vector of units -----------------------------------------
+// ---- the cells' math policy (cells/cell.h) -----------------------------------
 
-// Forward from the pre-activations (bias included) and the old cell:
-//   i = sigmoid(z_i), o = sigmoid(z_o), a = elu(z_c);  c' = c + a i;  h' = tanh(c') o
+// The math policy M of the cells' pointwise code (cells/cell.h) on one vector
+// of opmath values: the functions above, and at::vec's fused multiply-add
+// (one instruction in the AVX2 and AVX-512 builds, a product then a sum in
+// the baseline build: every kernel of one build rounds a cell's state update
+// the same way, the forward and the recompute of backward alike).
 template <typename T>
-struct CellForward {
-  Vec<T> i, o, a, cell, h;
+struct VecMath {
+  using V = Vec<T>;
+  static V sigmoid(const V& x) { return cpu::CPU_CAPABILITY::sigmoid(x); }
+  static V tanh(const V& x) { return cpu::CPU_CAPABILITY::tanh(x); }
+  static V exp(const V& x) { return exp_vec(x); }
+  static V expm1(const V& x) { return cpu::CPU_CAPABILITY::expm1(x); }
+  static V elu(const V& x) { return cpu::CPU_CAPABILITY::elu(x); }
+  // x > y ? a : b
+  static V where_gt(const V& x, const V& y, const V& a, const V& b) { return V::blendv(b, a, x > y); }
+  // a b + c
+  static V fma(const V& a, const V& b, const V& c) { return at::vec::fmadd(a, b, c); }
 };
-template <typename T>
-inline CellForward<T> cell_forward(const Vec<T>& zi, const Vec<T>& zo, const Vec<T>& zc, const Vec<T>& c) {
-  CellForward<T> r;
-  r.i = sigmoid(zi);
-  r.o = sigmoid(zo);
-  r.a = elu(zc);
-  r.cell = at::vec::fmadd(r.a, r.i, c);
-  r.h = tanh(r.cell) * r.o;
-  return r;
-}
-
-// Backward from the gradient of h_t (gh), of c_t from above (dc_in), the
-// activated gates and c_t; every derivative is a function of the activation:
-//   k = tanh(c_t);  dc = dc_in + gh o (1 - k^2)        d tanh = 1 - tanh^2
-//   d_i = dc a i (1 - i);  d_o = gh k o (1 - o)        d sigmoid = s (1 - s)
-//   d_c = dc i elu'(a)                                 elu' = 1 or elu + 1
-template <typename T>
-struct CellBackward {
-  Vec<T> d_i, d_o, d_c, dc;
-};
-template <typename T>
-inline CellBackward<T> cell_backward(const Vec<T>& gh, const Vec<T>& dc_in, const Vec<T>& i, const Vec<T>& o,
-                                     const Vec<T>& a, const Vec<T>& cell) {
-  const Vec<T> one(T(1));
-  const Vec<T> k = tanh(cell);
-  CellBackward<T> r;
-  r.dc = at::vec::fmadd(gh * o, one - k * k, dc_in);
-  r.d_i = r.dc * a * i * (one - i);
-  r.d_o = gh * k * o * (one - o);
-  r.d_c = r.dc * i * elu_grad(a);
-  return r;
-}
 
 }  // namespace CPU_CAPABILITY
 }  // namespace cpu

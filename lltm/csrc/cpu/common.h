@@ -1,4 +1,4 @@
-// Pieces shared by the fused CPU operators (cell_cpu.cpp, seq_cpu.cpp):
+// Pieces shared by the fused CPU operators (cell_cpu.cpp, rnn_cpu.cpp):
 // tensor helpers, the team of threads that runs a layer's time loop, and the
 // plain GEMM on torch's threads.
 #pragma once
@@ -14,7 +14,9 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 
+#include "../cells/registry.h"
 #include "kernels.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -24,9 +26,21 @@
 namespace lltm {
 namespace cpu {
 
-// The kernels for `t`'s dtype at the CPU capability torch uses.
-inline Kernels kernels_for(const at::Tensor& t) {
-  const Kernels k = kernels_for_dtype(t.scalar_type());
+// The index of Cell in cells::BuiltIn (the kernels' name for it, kernels.h).
+template <typename Cell>
+int cell_index() {
+  int index = 0, found = -1;
+  cells::for_each_cell([&](auto c) {
+    if (std::is_same_v<decltype(c), Cell>) found = index;
+    ++index;
+  });
+  return found;
+}
+
+// The kernels of Cell for `t`'s dtype at the CPU capability torch uses.
+template <typename Cell>
+Kernels kernels_for(const at::Tensor& t) {
+  const Kernels k = kernels_for_dtype(cell_index<Cell>(), t.scalar_type());
   TORCH_CHECK(k.forward != nullptr, "lltm: the fused CPU kernels have no build for dtype ", t.scalar_type());
   return k;
 }

@@ -1,16 +1,18 @@
 // The GEMM of the fused CPU backend: a register-tile micro-kernel over
 // at::vec, the packing that feeds it, and a plain blocked GEMM built on it
-// (kernels.h: Gemm). Independent of the cell; step_kernels.h runs the
-// cell's math on its tiles.
+// (kernels.h: Gemm). Independent of the cell but for its gate count G (the
+// packing of the step kernels' weights); step_kernels.h runs the cell's
+// math on its tiles.
 //
 // The tile is MR rows x NR vectors of accumulators. Per k it loads NR
 // vectors of a packed B panel (contiguous, zero past the matrix) and
 // broadcasts MR scalars of A, MR x NR fused multiply-adds: with MR = 8 and
 // NR = 3 on AVX-512 that is 24 accumulators + 3 B vectors + 1 broadcast of
 // the 32 registers, FMA-bound (measured at 245 GFLOP/s on one core of the
-// AMD EPYC of docs/benchmarks.md, against 95 for MKL's sgemm there). NR is
-// 3 wherever the columns allow (the forward step's i, o, c of a unit block)
-// and less only for the last columns, with more rows.
+// AMD EPYC of docs/benchmarks.md, against 95 for MKL's sgemm there). The
+// plain GEMM's NR is 3 wherever the columns allow and less only for the last
+// columns, with more rows; the forward step's is the cell's G (one vector
+// per gate of a unit block), the backward step's 1 to 3 unit blocks.
 //
 // Included by the kernels_<capability>.cpp files only (see cell_math.h on
 // the CPU_CAPABILITY namespace).
@@ -34,18 +36,26 @@ namespace cpu {
 inline namespace CPU_CAPABILITY {
 
 // Rows of a tile of NR accumulator vectors: as many as the vector registers
-// hold beside the tile's NR B vectors and one broadcast, in powers of two
-// (a batch of 16 rows is then two tiles of 8, not 12 + 3 + 1).
+// hold beside the tile's NR B vectors and one broadcast, at most 16, in
+// powers of two (a batch of 16 rows is then two tiles of 8, not 12 + 3 + 1):
+// AVX-512 (32 registers) 16, 8, 8, 4 rows for NR = 1 .. 4; AVX2 (16) 8, 4,
+// 4, 2; at::vec's portable vectors (two SSE registers each, the compiler's
+// choice) half the AVX2 rows.
+constexpr int pow2_floor(int n) { return n < 2 ? 1 : 2 * pow2_floor(n / 2); }
+constexpr int rows_for(int registers, int nr) {
+  return pow2_floor(std::min(16, std::max(1, (registers - nr - 1) / nr)));
+}
 #if defined(CPU_CAPABILITY_AVX512)
 template <int NR>
-inline constexpr int kRows = NR == 1 ? 16 : 8;  // 32 registers
+inline constexpr int kRows = rows_for(32, NR);
 #elif defined(CPU_CAPABILITY_AVX2)
 template <int NR>
-inline constexpr int kRows = NR == 1 ? 8 : 4;  // 16 registers
+inline constexpr int kRows = rows_for(16, NR);
 #else
 template <int NR>
-inline constexpr int kRows = NR == 1 ? 4 : 2;  // at::vec's portable vectors: the compiler's choice
+inline constexpr int kRows = std::max(1, rows_for(16, NR) / 2);
 #endif
+static_assert(kRows<1> >= kRows<2> && kRows<2> >= kRows<3>, "the plain GEMM's row split unit is kRows<1>");
 inline constexpr int kTileCols = 3;
 // K per block of the plain GEMM: a B panel of kKc x 3 vectors (48 KiB of
 // floats on AVX-512) stays in L1 / L2 while every row tile of A passes over
@@ -304,36 +314,46 @@ inline void transpose_into(const src_t* src, int64_t ld_src, int64_t rows, int64
   }
 }
 
-// Unit block jb: [k][gate][width] for k < K, gate i, o, c (W transposed).
-template <typename scalar_t>
-void pack_gates(const void* w_in, int64_t ldw, int64_t state, int64_t K, void* out_in, int64_t begin,
-                int64_t end) {
+// The forward step's weights (kernels.h: PackForwardFn) for a cell of G
+// gates: unit block jb at jb * (S + I) * G * width is [k][gate][width], k < S
+// from W_hh, then k < I from W_ih (both transposed, zero past S's units).
+template <typename scalar_t, int G>
+void pack_forward(const void* w_hh_in, int64_t ld_hh, const void* w_ih_in, int64_t ld_ih, int64_t state,
+                  int64_t features, void* out_in, int64_t begin, int64_t end) {
   using T = at::opmath_type<scalar_t>;
   constexpr int64_t V = Vec<T>::size();
-  const auto* w = static_cast<const scalar_t*>(w_in);
+  const auto* w_hh = static_cast<const scalar_t*>(w_hh_in);
+  const auto* w_ih = static_cast<const scalar_t*>(w_ih_in);
   T* out = static_cast<T*>(out_in);
+  const int64_t K = state + features;
   for (int64_t jb = begin; jb < end; ++jb) {
     const int64_t j0 = jb * V, units = std::min(V, state - j0);
-    T* block = out + jb * K * 3 * V;
-    if (units < V) std::fill(block, block + K * 3 * V, T(0));
-    for (int64_t gate = 0; gate < 3; ++gate) {
-      transpose_into(w + (gate * state + j0) * ldw, ldw, units, K, block + gate * V, 3 * V);
+    T* block = out + jb * K * G * V;
+    if (units < V) std::fill(block, block + K * G * V, T(0));
+    for (int64_t gate = 0; gate < G; ++gate) {
+      transpose_into(w_hh + (gate * state + j0) * ld_hh, ld_hh, units, state, block + gate * V, G * V);
+      if (features > 0) {
+        transpose_into(w_ih + (gate * state + j0) * ld_ih, ld_ih, units, features,
+                       block + state * G * V + gate * V, G * V);
+      }
     }
   }
 }
 
-// Unit blocks [begin, end) grouped into panels (unit_panel): a panel of n
-// blocks starting at block jb is [k][n * width] for k < 3S, W_h's rows
-// restricted to the panel's units, at jb * 3S * width.
-template <typename scalar_t>
-void pack_units(const void* w, int64_t ldw, int64_t state, void* out, int64_t begin, int64_t end) {
+// W_hh (G S, S), rows ld apart, for the backward step (kernels.h:
+// PackBackwardFn): unit blocks [begin, end) grouped into panels
+// (unit_panel); a panel of n blocks starting at block jb is [k][n * width]
+// for k < G S, W_hh's columns of the panel's units (zero past S), at
+// jb * G S * width.
+template <typename scalar_t, int G>
+void pack_backward(const void* w, int64_t ld, int64_t state, void* out, int64_t begin, int64_t end) {
   using T = at::opmath_type<scalar_t>;
   constexpr int64_t V = Vec<T>::size();
   const int64_t panels = unit_panels(end - begin);
   for (int64_t q = 0; q < panels; ++q) {
     const auto [j0, j1] = unit_panel(begin, end, q);
-    copy_panel(static_cast<const scalar_t*>(w), ldw, 3 * state, j0 * V, state, (j1 - j0) * V,
-               static_cast<T*>(out) + j0 * 3 * state * V);
+    copy_panel(static_cast<const scalar_t*>(w), ld, G * state, j0 * V, state, (j1 - j0) * V,
+               static_cast<T*>(out) + j0 * G * state * V);
   }
 }
 

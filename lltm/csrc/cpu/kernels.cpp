@@ -28,10 +28,10 @@ Capability torch_capability() {
 Capability usable_capability() {
   static const Capability cap = [] {
     Capability c = torch_capability();
-    if (c == Capability::kAvx512 && kernels_avx512(c10::ScalarType::Float).forward == nullptr) {
+    if (c == Capability::kAvx512 && kernels_avx512(0, c10::ScalarType::Float).forward == nullptr) {
       c = Capability::kAvx2;
     }
-    if (c == Capability::kAvx2 && kernels_avx2(c10::ScalarType::Float).forward == nullptr) {
+    if (c == Capability::kAvx2 && kernels_avx2(0, c10::ScalarType::Float).forward == nullptr) {
       c = Capability::kDefault;
     }
     return c;
@@ -41,14 +41,14 @@ Capability usable_capability() {
 
 }  // namespace
 
-Kernels kernels_for_dtype(c10::ScalarType dtype) {
+Kernels kernels_for_dtype(int cell, c10::ScalarType dtype) {
   switch (usable_capability()) {
     case Capability::kAvx512:
-      return kernels_avx512(dtype);
+      return kernels_avx512(cell, dtype);
     case Capability::kAvx2:
-      return kernels_avx2(dtype);
+      return kernels_avx2(cell, dtype);
     default:
-      return kernels_default(dtype);
+      return kernels_default(cell, dtype);
   }
 }
 

@@ -24,10 +24,11 @@
 namespace lltm {
 namespace cpu {
 
-Kernels kernels_avx2(c10::ScalarType dtype) {
+Kernels kernels_avx2(int cell, c10::ScalarType dtype) {
 #ifdef LLTM_HAVE_AVX2_BUILD
-  return AVX2::kernels_for(dtype);
+  return AVX2::kernels_for(cell, dtype);
 #else
+  (void)cell;
   (void)dtype;
   return {};
 #endif

@@ -28,10 +28,11 @@
 namespace lltm {
 namespace cpu {
 
-Kernels kernels_avx512(c10::ScalarType dtype) {
+Kernels kernels_avx512(int cell, c10::ScalarType dtype) {
 #ifdef LLTM_HAVE_AVX512_BUILD
-  return AVX512::kernels_for(dtype);
+  return AVX512::kernels_for(cell, dtype);
 #else
+  (void)cell;
   (void)dtype;
   return {};
 #endif

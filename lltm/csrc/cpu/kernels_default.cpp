@@ -9,7 +9,7 @@
 namespace lltm {
 namespace cpu {
 
-Kernels kernels_default(c10::ScalarType dtype) { return DEFAULT::kernels_for(dtype); }
+Kernels kernels_default(int cell, c10::ScalarType dtype) { return DEFAULT::kernels_for(cell, dtype); }
 
 }  // namespace cpu
 }  // namespace lltm
