@@ -19,6 +19,8 @@ TORCH_SPEC ?= torch==2.13.0
 # What `deps` installs: the lock file, or (test-latest) the unpinned names.
 DEPS_FILE ?= requirements/dev.txt
 export MAX_JOBS ?= 2
+# pytest-xdist workers of `make test` (auto: one per core)
+PYTEST_WORKERS ?= auto
 BENCH_ARGS ?=
 # One stamp per Python environment (a fresh venv installs lltm again).
 ENV_ID := $(shell $(PYTHON) -c "import hashlib, sys; print(hashlib.sha1(sys.prefix.encode()).hexdigest()[:12])")
@@ -49,7 +51,7 @@ bench: setup
 # lint (ruff and clang-format), then an nvcc compile-only check of the CUDA kernels against torch's
 # headers (no GPU needed; skipped where there is no nvcc), then the whole suite.
 test: setup lint check-cuda-compile
-	$(PYTHON) -m pytest tests -q -rs
+	$(PYTHON) -m pytest tests -q -rs -n $(PYTEST_WORKERS)
 
 # `make test` in a fresh virtual environment with the newest release of every
 # tool of requirements/dev.in (torch as TORCH_SPEC): dependency drift shows here
