@@ -13,6 +13,7 @@
 #include "backends.h"
 #include "lltm.h"
 #include "rnn.h"
+#include "rnn_schema.h"
 
 #ifndef LLTM_WITH_CUDA
 namespace lltm {
@@ -63,22 +64,6 @@ void define_backend(torch::Library& m, const std::string& b) {
             .c_str());
 }
 
-// Schemas of a seam cell's operators for one backend (rnn.h): the same two
-// for every cell but LLTM, whose own operators above keep their schemas.
-void define_cell(torch::Library& m, const std::string& b, const char* cell) {
-  const std::string prefix = b + "_" + cell;
-  m.def((prefix + "_seq_forward(Tensor input, Tensor weight_ih, Tensor weight_hh, Tensor? bias_ih, "
-                  "Tensor? bias_hh, Tensor[] state, Tensor? lengths) -> "
-                  "(Tensor output, Tensor[] state_n, Tensor saved)")
-            .c_str());
-  m.def((prefix + "_seq_backward(Tensor? grad_output, Tensor?[] grad_state_n, Tensor input, "
-                  "Tensor weight_ih, Tensor weight_hh, Tensor[] state, Tensor output, Tensor saved, "
-                  "Tensor? lengths, bool[6] output_mask) -> "
-                  "(Tensor grad_input, Tensor grad_weight_ih, Tensor grad_weight_hh, Tensor grad_bias_ih, "
-                  "Tensor grad_bias_hh, Tensor[] grad_state)")
-            .c_str());
-}
-
 // The seam's cells (other than LLTM) and their sizes, for lltm/cells.py to
 // check its registry against: "name:gates:states:saved:split".
 std::vector<std::string> compiled_cells() {
@@ -108,7 +93,7 @@ TORCH_LIBRARY(lltm, m) {
     lltm::cells::for_each_cell([&](auto cell) {
       using Cell = decltype(cell);
       if constexpr (!std::is_same_v<Cell, lltm::cells::LLTM>)
-        define_cell(m, lltm::backend_name(b), Cell::kName);
+        lltm::define_rnn_ops(m, lltm::backend_name(b), Cell::kName);
     });
   }
   m.def("_build_info() -> str", &build_info);

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "gru.h"
@@ -15,6 +16,12 @@ namespace lltm {
 namespace cells {
 
 using BuiltIn = std::tuple<LLTM, LSTM, GRU>;
+
+// Whether Cell is one of BuiltIn.
+template <typename Cell>
+constexpr bool is_built_in() {
+  return std::apply([](auto... cell) { return (std::is_same_v<decltype(cell), Cell> || ...); }, BuiltIn{});
+}
 
 // Calls f(Cell{}) for every built-in cell.
 template <typename F>

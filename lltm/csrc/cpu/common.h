@@ -37,10 +37,21 @@ int cell_index() {
   return found;
 }
 
-// The kernels of Cell for `t`'s dtype at the CPU capability torch uses.
+// Where the operators of Cell find its kernels: for the built-in cells, the
+// build of the CPU capability torch uses (kernels.h). A cell compiled on its
+// own (lltm.cells.define) specialises this with the kernels of its source.
+template <typename Cell>
+struct CellKernels {
+  static Kernels get(c10::ScalarType dtype) {
+    static_assert(cells::is_built_in<Cell>(), "a cell outside cells::BuiltIn specialises CellKernels");
+    return kernels_for_dtype(cell_index<Cell>(), dtype);
+  }
+};
+
+// The kernels of Cell for `t`'s dtype.
 template <typename Cell>
 Kernels kernels_for(const at::Tensor& t) {
-  const Kernels k = kernels_for_dtype(cell_index<Cell>(), t.scalar_type());
+  const Kernels k = CellKernels<Cell>::get(t.scalar_type());
   TORCH_CHECK(k.forward != nullptr, "lltm: the fused CPU kernels have no build for dtype ", t.scalar_type());
   return k;
 }

@@ -426,6 +426,7 @@ Kernels kernels_of_cell(c10::ScalarType dtype) {
   }
 }
 
+#ifndef LLTM_ONE_CELL_BUILD  // (a cell's own build, lltm.cells.define, instantiates only its own)
 // The kernels of this capability for cell `cell` (its index in
 // cells::BuiltIn) and `dtype`; nullptrs for others.
 inline Kernels kernels_for(int cell, c10::ScalarType dtype) {
@@ -436,6 +437,7 @@ inline Kernels kernels_for(int cell, c10::ScalarType dtype) {
   });
   return out;
 }
+#endif
 
 }  // namespace CPU_CAPABILITY
 }  // namespace cpu

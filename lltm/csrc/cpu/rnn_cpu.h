@@ -1,0 +1,325 @@
+// The fused CPU backend's sequence operators for any cell (cells/cell.h),
+// as templates: rnn_cpu.cpp instantiates them for the built-in cells, a
+// cell defined with lltm.cells.define for its own (its generated source).
+// How the layer runs is described in rnn_cpu.cpp.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../rnn.h"
+#include "common.h"
+#include "kernels.h"
+
+namespace lltm {
+namespace cpu {
+
+// The biases of zx and zh in opmath (undefined where absent): a cell
+// without kSplit gets their sum in zx.
+template <typename Cell>
+std::pair<at::Tensor, at::Tensor> forward_biases(const RnnArgs& a) {
+  const auto acc = opmath(a.input);
+  const auto as_acc = [&](const at::Tensor& b) {
+    return b.defined() ? b.to(acc).contiguous() : at::Tensor();
+  };
+  if constexpr (Cell::kSplit) {
+    return {as_acc(a.b_ih), as_acc(a.b_hh)};
+  } else {
+    if (a.b_ih.defined() && a.b_hh.defined()) return {a.b_ih.to(acc) + a.b_hh.to(acc), at::Tensor()};
+    return {as_acc(a.b_ih.defined() ? a.b_ih : a.b_hh), at::Tensor()};
+  }
+}
+
+// The initial states other than h, (NS - 1, B, S) contiguous (undefined for NS = 1).
+inline at::Tensor other_states(const std::vector<at::Tensor>& state) {
+  if (state.size() < 2) return at::Tensor();
+  return at::stack(at::TensorList(state).slice(1)).contiguous();
+}
+
+// The states other than h after every step, (NS - 1, T, B, S), rebuilt from
+// the initial ones (s0: (NS - 1, B, S) contiguous) and the saved values.
+inline at::Tensor recompute_states(const Kernels& k, const at::Tensor& saved, const at::Tensor& s0,
+                                   const at::Tensor& lengths, int64_t states) {
+  const int64_t T = saved.size(0), B = saved.size(1), S = s0.size(2);
+  at::Tensor out = at::empty({states - 1, T, B, S}, saved.options());
+  const RecomputeStates p{saved.const_data_ptr(),
+                          s0.const_data_ptr(),
+                          out.data_ptr(),
+                          lengths.defined() ? lengths.const_data_ptr<int64_t>() : nullptr,
+                          T,
+                          B,
+                          S};
+  // a row's walk over t is its own: rows split over torch's threads
+  const int64_t grain = std::max<int64_t>(1, 32768 / (T * S + 1));
+  at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) { k.recompute(p, begin, end); });
+  return out;
+}
+
+template <typename Cell>
+void rnn_forward(const RnnArgs& a, at::Tensor& output, std::vector<at::Tensor>& state_n, at::Tensor& saved) {
+  constexpr int NS = Cell::kStates;
+  const int64_t T = a.steps(), B = a.batch(), I = a.features(), S = a.hidden();
+  if (T == 0 || B == 0) {
+    for (int k = 0; k < NS; ++k) state_n[k].copy_(a.state[k]);
+    return;
+  }
+  const Kernels kernels = kernels_for<Cell>(a.input);
+  const auto options = a.input.options();
+  const at::Tensor w_hh = rows_contiguous(a.w_hh), w_ih = rows_contiguous(a.w_ih);
+  const at::Tensor x = rows_contiguous(a.input);  // rows of x_t at any (T, B) strides
+  const at::Tensor h_init = a.state[0].contiguous();
+  const auto [bias_x, bias_h] = forward_biases<Cell>(a);
+  const bool masked = a.lengths.defined();
+  const at::Tensor len = masked ? a.lengths.contiguous() : at::Tensor();
+  // With lengths, h is carried beside the output (which is 0 past a row's
+  // length), in two buffers: h_{t-1} in carry[t % 2], h_t into the other.
+  at::Tensor carry;
+  if (masked) {
+    carry = at::empty({2, B, S}, options);
+    carry[0].copy_(h_init);
+  }
+  // The other states in two (NS - 1, B, S) buffers written in turn (backward
+  // recomputes them, so they are not kept): step t reads slot (t + 1) % 2
+  // (the initial states in slot 1) and writes slot t % 2.
+  at::Tensor s_buf;
+  if (NS > 1) {
+    s_buf = at::empty({2, NS - 1, B, S}, options);
+    s_buf[1].copy_(other_states(a.state));
+  }
+  const int64_t blocks = kernels.blocks(S);
+  at::Tensor packed = at::empty({kernels.forward_packed_size(S, I)}, options.dtype(opmath(a.input)));
+  const int64_t workers = team_size(B * kernels.gates * S * (S + I), blocks);
+  run_team(blocks, workers, [&](int64_t j0, int64_t j1, TeamSync& sync) {
+    kernels.pack_forward(w_hh.const_data_ptr(), w_hh.stride(0), w_ih.const_data_ptr(), w_ih.stride(0), S, I,
+                         packed.data_ptr(), j0, j1);
+    ForwardStep step{};
+    step.ld_h = S;
+    step.ld_x = x.stride(1);
+    step.packed = packed.const_data_ptr();
+    step.bias_x = ptr_or_null(bias_x);
+    step.bias_h = ptr_or_null(bias_h);
+    step.ld_s = S;
+    step.s_stride = B * S;
+    step.lengths = masked ? len.const_data_ptr<int64_t>() : nullptr;
+    step.batch = B;
+    step.state = S;
+    step.features = I;
+    for (int64_t t = 0; t < T; ++t) {
+      step.h_prev = masked   ? step_ptr(carry, t % 2)
+                    : t == 0 ? h_init.const_data_ptr()
+                             : step_ptr(output, t - 1);
+      step.x = static_cast<const char*>(x.const_data_ptr()) + t * x.stride(0) * x.element_size();
+      step.h_carry = masked ? step_ptr(carry, (t + 1) % 2) : nullptr;
+      step.s_prev = NS > 1 ? step_ptr(s_buf, (t + 1) % 2) : nullptr;
+      step.s_next = NS > 1 ? step_ptr(s_buf, t % 2) : nullptr;
+      step.h_new = step_ptr(output, t);
+      step.saved = step_ptr(saved, t);
+      step.step = t;
+      kernels.forward(step, j0, j1);
+      // h_t complete before any worker reads it as h_{t-1}
+      if (t + 1 < T) sync.wait();
+    }
+  });
+  state_n[0].copy_(masked ? carry[T % 2] : output[T - 1]);
+  for (int k = 1; k < NS; ++k) state_n[k].copy_(s_buf[(T - 1) % 2][k - 1]);
+}
+
+// A gradient to write as an opmath matrix with unit column stride: itself
+// where it is one (LLTM's column blocks of grad_weights in float), else a
+// buffer copied to it by `finish`.
+struct Destination {
+  at::Tensor target, buffer;
+  void finish() {
+    if (!buffer.is_same(target)) target.copy_(buffer);
+  }
+};
+inline Destination destination(const at::Tensor& t) {
+  if (t.scalar_type() == opmath(t) && t.stride(1) == 1 && (t.size(0) <= 1 || t.stride(0) >= t.size(1))) {
+    return {t, t};
+  }
+  return {t, at::empty(t.sizes(), t.options().dtype(opmath(t)))};
+}
+
+// grad_input, grad_W_ih and grad_W_hh from dzx and dzh (T, B, G S), where
+// `grads` asks for them.
+inline void parameter_gradients(const Kernels& k, const RnnArgs& a, const at::Tensor& output,
+                                const at::Tensor& h0, const at::Tensor& dzx, const at::Tensor& dzh,
+                                RnnGradients& grads) {
+  const int64_t T = a.steps(), B = a.batch(), I = a.features(), S = a.hidden(), GS = a.w_hh.size(0);
+  if (bf16_gemm_by_onednn(a.input)) {
+    RnnGradients gemms;
+    gemms.input = grads.input;
+    gemms.w_ih = grads.w_ih;
+    gemms.w_hh = grads.w_hh;
+    rnn_parameter_gradients(a, output, dzx, dzh, gemms);
+    return;
+  }
+  if (grads.input.defined() && I > 0) {
+    // dx = dzx W_ih over all T*B rows
+    const at::Tensor w_ih = rows_contiguous(a.w_ih);
+    Destination d = destination(grads.input.view({T * B, I}));
+    gemm_out(k, d.buffer, dzx.const_data_ptr(), GS, 1, w_ih.const_data_ptr(), w_ih.stride(0), GS);
+    d.finish();
+  }
+  if (grads.w_ih.defined()) {
+    // dW_ih = dzx^T x: A = dzx^T (strides 1, G S) over all T*B rows
+    const at::Tensor x = a.input.contiguous();
+    Destination d = destination(grads.w_ih);
+    gemm_out(k, d.buffer, dzx.const_data_ptr(), 1, GS, x.const_data_ptr(), I, T * B);
+    d.finish();
+  }
+  if (grads.w_hh.defined()) {
+    // dW_hh = dzh_0^T h0 + dzh_{1:}^T output_{:-1}
+    Destination d = destination(grads.w_hh);
+    gemm_out(k, d.buffer, dzh.const_data_ptr(), 1, GS, h0.const_data_ptr(), S, B);
+    if (T > 1) {
+      gemm_out(k, d.buffer, step_ptr(dzh, 1), 1, GS, output.const_data_ptr(), S, (T - 1) * B,
+               /*accumulate=*/true);
+    }
+    d.finish();
+  }
+}
+
+template <typename Cell>
+void rnn_backward(const RnnArgs& a, const RnnBackwardArgs& from, RnnGradients& grads) {
+  constexpr int NS = Cell::kStates;
+  const int64_t T = a.steps(), B = a.batch(), S = a.hidden(), GS = a.w_hh.size(0);
+  if (T == 0 || B == 0) {
+    // No step ran: the states' gradients pass through, the rest are sums over nothing.
+    for (at::Tensor* t : {&grads.input, &grads.w_ih, &grads.w_hh, &grads.b_ih, &grads.b_hh}) {
+      if (t->defined()) t->zero_();
+    }
+    for (size_t k = 0; k < grads.state.size(); ++k) {
+      if (from.grad_state[k].defined()) {
+        grads.state[k].copy_(from.grad_state[k]);
+      } else {
+        grads.state[k].zero_();
+      }
+    }
+    return;
+  }
+  const Kernels kernels = kernels_for<Cell>(a.input);
+  const auto options = a.input.options();
+  const auto acc = options.dtype(opmath(a.input));
+  const at::Tensor w_hh = rows_contiguous(a.w_hh);
+  const at::Tensor saved = from.saved.contiguous(), output = from.output.contiguous();
+  const at::Tensor go = from.grad_output.defined() ? from.grad_output.contiguous() : at::Tensor();
+  const at::Tensor len = a.lengths.defined() ? a.lengths.contiguous() : at::Tensor();
+  const at::Tensor h0 = a.state[0].contiguous(), s0 = other_states(a.state);
+  const at::Tensor states = NS > 1 ? recompute_states(kernels, saved, s0, len, NS) : at::Tensor();
+
+  // Carried gradients in opmath, updated in place: dh (the part of d h_t
+  // beside the next step's GEMM) and those of the other states.
+  const auto carried = [&](const at::Tensor& g) {
+    return g.defined() ? g.to(acc, false, true, at::MemoryFormat::Contiguous) : at::zeros({B, S}, acc);
+  };
+  at::Tensor dh = carried(from.grad_state[0]);
+  at::Tensor ds;
+  if (NS > 1) {
+    ds = at::empty({NS - 1, B, S}, acc);
+    for (int k = 1; k < NS; ++k) ds[k - 1].copy_(carried(from.grad_state[k]));
+  }
+  at::Tensor dzx = at::empty({T, B, GS}, options);
+  at::Tensor dzh = Cell::kSplit ? at::empty({T, B, GS}, options) : dzx;
+  // the bias gradients, summed in the time loop (without kSplit both are dzx's sums)
+  const bool want_bx = grads.b_ih.defined() || (!Cell::kSplit && grads.b_hh.defined());
+  const bool want_bh = Cell::kSplit && grads.b_hh.defined();
+  at::Tensor bias_x = want_bx ? at::zeros({GS}, acc) : at::Tensor();
+  at::Tensor bias_h = want_bh ? at::zeros({GS}, acc) : at::Tensor();
+  const bool want_h0 = !grads.state.empty();
+  at::Tensor grad_h0 = want_h0 ? at::empty({B, S}, acc) : at::Tensor();
+
+  const int64_t blocks = kernels.blocks(S);
+  at::Tensor packed = at::empty({kernels.backward_packed_size(S)}, acc);
+  const int64_t workers = team_size(B * GS * S, blocks);
+  run_team(blocks, workers, [&](int64_t j0, int64_t j1, TeamSync& sync) {
+    kernels.pack_backward(w_hh.const_data_ptr(), w_hh.stride(0), S, packed.data_ptr(), j0, j1);
+    BackwardStep step{};
+    step.packed = packed.const_data_ptr();
+    step.dh_in = dh.const_data_ptr();
+    step.dh_out = dh.data_ptr();
+    step.ds = ds.defined() ? ds.data_ptr() : nullptr;
+    step.ld_h_old = S;
+    step.s_new_stride = T * B * S;
+    step.bias_grad_x = want_bx ? bias_x.data_ptr() : nullptr;
+    step.bias_grad_h = want_bh ? bias_h.data_ptr() : nullptr;
+    step.lengths = len.defined() ? len.const_data_ptr<int64_t>() : nullptr;
+    step.batch = B;
+    step.state = S;
+    for (int64_t t = T - 1; t >= 0; --t) {
+      step.dzh_next = t + 1 < T ? step_ptr(dzh, t + 1) : nullptr;
+      step.grad_out = go.defined() ? step_ptr(go, t) : nullptr;
+      step.saved = step_ptr(saved, t);
+      step.h_new = step_ptr(output, t);
+      step.h_old = t > 0 ? step_ptr(output, t - 1) : h0.const_data_ptr();
+      if (NS > 1) {
+        // state k after step t at states[k - 1][t]; before step 0 the initial ones
+        step.s_new = step_ptr(states[0], t);
+        step.s_old = t > 0 ? step_ptr(states[0], t - 1) : s0.const_data_ptr();
+        step.ld_s_old = S;
+        step.s_old_stride = t > 0 ? T * B * S : B * S;
+      }
+      step.dzx = step_ptr(dzx, t);
+      step.dzh = Cell::kSplit ? step_ptr(dzh, t) : nullptr;
+      step.step = t;
+      kernels.backward(step, j0, j1);
+      // dzh_t complete before any worker multiplies it by W_hh
+      if (t > 0 || want_h0) sync.wait();
+    }
+    if (want_h0) {
+      // d h0 = dzh_0 W_hh + the cell's direct term (the carried gradient on rows of length 0)
+      step.dzh_next = step_ptr(dzh, 0);
+      step.dh_h0 = grad_h0.data_ptr();
+      step.step = -1;
+      kernels.backward(step, j0, j1);
+    }
+  });
+
+  if (want_h0) {
+    grads.state[0].copy_(grad_h0);
+    for (int k = 1; k < NS; ++k) grads.state[k].copy_(ds[k - 1]);
+  }
+  if (grads.b_ih.defined()) grads.b_ih.copy_(bias_x);
+  if (grads.b_hh.defined()) grads.b_hh.copy_(Cell::kSplit ? bias_h : bias_x);
+  parameter_gradients(kernels, a, output, h0, dzx, dzh, grads);
+}
+
+// ------------------------------------------------------------ the operators
+
+template <typename Cell>
+RnnForwardResult forward_op(const at::Tensor& input, const at::Tensor& weight_ih, const at::Tensor& weight_hh,
+                            const OptTensor& bias_ih, const OptTensor& bias_hh, at::TensorList state,
+                            const OptTensor& lengths) {
+  static const std::string op = rnn_op_name("fused", Cell::kName, "seq_forward");
+  check_rnn_forward_args(op.c_str(), shape_of<Cell>(), input, weight_ih, weight_hh, bias_ih, bias_hh, state,
+                         lengths);
+  const RnnArgs args = rnn_args(input, weight_ih, weight_hh, bias_ih, bias_hh, state, lengths);
+  auto result = allocate_forward(shape_of<Cell>(), args);
+  auto& [output, state_n, saved] = result;
+  rnn_forward<Cell>(args, output, state_n, saved);
+  return result;
+}
+
+template <typename Cell>
+RnnBackwardResult backward_op(const OptTensor& grad_output, const OptTensorList& grad_state_n,
+                              const at::Tensor& input, const at::Tensor& weight_ih,
+                              const at::Tensor& weight_hh, at::TensorList state, const at::Tensor& output,
+                              const at::Tensor& saved, const OptTensor& lengths, RnnOutputMask output_mask) {
+  static const std::string op = rnn_op_name("fused", Cell::kName, "seq_backward");
+  check_rnn_backward_args(op.c_str(), shape_of<Cell>(), grad_output, grad_state_n, input, weight_ih,
+                          weight_hh, state, output, saved, lengths);
+  const RnnArgs args = rnn_args(input, weight_ih, weight_hh, std::nullopt, std::nullopt, state, lengths);
+  RnnGradients grads = allocate_gradients(args, output_mask);
+  if (std::any_of(output_mask.begin(), output_mask.end(), [](bool b) { return b; })) {
+    rnn_backward<Cell>(args, rnn_backward_args(grad_output, grad_state_n, output, saved), grads);
+  }
+  return gradients_result(args, std::move(grads));
+}
+
+}  // namespace cpu
+}  // namespace lltm
