@@ -17,7 +17,10 @@ _cache: dict[tuple[str, str, str], bool] = {}
 
 
 def _has_kernel(op: str, key: str) -> bool:
-    return torch._C._dispatch_has_kernel_for_dispatch_key(f"lltm::{op}", key)
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(f"lltm::{op}", key)
+    except RuntimeError:  # no such operator (a cell of lltm.cells.define not built)
+        return False
 
 
 def _device_usable(device_type: str) -> bool:
@@ -50,6 +53,12 @@ def is_available(name: str, device_type: str, family: str = "cell") -> bool:
     if key not in _cache:
         _cache[key] = _compute(name, device_type, family)
     return _cache[key]
+
+
+def forget(family: str) -> None:
+    """Drops what is known of `family`'s operators (a cell's library was just loaded)."""
+    for key in [k for k in _cache if k[2] == family]:
+        del _cache[key]
 
 
 def backends(device: Optional[Union[str, torch.device]] = None) -> dict[str, bool]:

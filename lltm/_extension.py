@@ -287,6 +287,17 @@ def loaded_mode() -> Optional[str]:
     return _mode
 
 
+def library_path() -> str:
+    """The file of the loaded extension library (loading it first): lltm._C's,
+    or the just-in-time build's. A cell of lltm.cells.define links against it."""
+    mode = load()
+    if mode == "aot":
+        import lltm._C
+
+        return os.path.abspath(lltm._C.__file__)
+    return _JitBuild.configure().library
+
+
 def build_info() -> dict[str, str]:
     """Key/value pairs the C++ side reports about how it was compiled."""
     load()

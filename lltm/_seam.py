@@ -118,12 +118,17 @@ def _once_differentiable(grads: list[Optional[Tensor]], backend: str) -> list[Op
     return [next(wrapped) if g is not None else None for g in grads]
 
 
-def register(backends: tuple[str, ...]) -> None:
-    """Fake kernels and autograd of every seam operator of `backends` (the compiled ones)."""
+def register_cell(cell: cells.Cell, backends: tuple[str, ...]) -> None:
+    """Fake kernels and autograd of `cell`'s operators for `backends`."""
     for backend in backends:
-        for cell in cells.SEAM_OPS:
-            forward = op_name(backend, cell, "forward")
-            torch.library.register_fake(forward)(_forward_fake(forward, cell))
-            backward = op_name(backend, cell, "backward")
-            torch.library.register_fake(backward)(_backward_fake(backward, cell))
-            torch.library.register_autograd(forward, _autograd_backward(backend, cell), setup_context=_setup_context)
+        forward = op_name(backend, cell, "forward")
+        torch.library.register_fake(forward)(_forward_fake(forward, cell))
+        backward = op_name(backend, cell, "backward")
+        torch.library.register_fake(backward)(_backward_fake(backward, cell))
+        torch.library.register_autograd(forward, _autograd_backward(backend, cell), setup_context=_setup_context)
+
+
+def register(backends: tuple[str, ...]) -> None:
+    """Fake kernels and autograd of every built-in seam operator of `backends` (the compiled ones)."""
+    for cell in cells.SEAM_OPS:
+        register_cell(cell, backends)

@@ -176,7 +176,8 @@ def rnn(
     lengths: Optional[Tensor] = None,
     backend: str = "auto",
 ) -> tuple[Tensor, tuple[Tensor, ...]]:
-    """One layer of a seam cell (lltm.cells: "lstm", "gru") over a sequence, time-major.
+    """One layer of a seam cell (lltm.cells: "lstm", "gru", or a cell of lltm.cells.define) over a
+    sequence, time-major.
 
     input: (T, B, I); weight_ih: (G S, I); weight_hh: (G S, S); bias_ih,
     bias_hh: (G S,) or None (torch's layout, G the cell's gates); state: the

@@ -684,6 +684,105 @@ class GRUCell(_TorchCell):
         return h
 
 
+def _states_arg(op: str, cell: cells.Cell, hx: Any, layout: str) -> Optional[tuple[Any, ...]]:
+    """hx as a layer or cell of `cell` takes it: None, one tensor (one state, as torch.nn.GRU), or a
+    tuple of one tensor per state, h first (as torch.nn.LSTM's (h, c))."""
+    if hx is None:
+        return None
+    names = ", ".join(cell.states)
+    if cell.num_states == 1:
+        if isinstance(hx, Tensor):
+            return (hx,)
+        raise ValueError(f"{op}: expected hx to be None or a tensor {layout}, but got {type(hx).__name__}")
+    if isinstance(hx, Tensor) or not isinstance(hx, (tuple, list)) or len(hx) != cell.num_states:
+        got = type(hx).__name__ + (f" of length {len(hx)}" if isinstance(hx, (tuple, list)) else "")
+        raise ValueError(
+            f"{op}: expected hx to be None or a tuple ({names}) of {cell.num_states} tensors {layout}, but got {got}"
+        )
+    return tuple(hx)
+
+
+class _UserLayers(_TorchLayers):
+    """Layers of a cell of lltm.cells.define, with torch.nn.LSTM's conventions: the constructor
+    (input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False, device=None, dtype=None, *, backend="auto"), torch's parameter names and
+    init; forward(input, hx=None) -> (output, h_n) for a cell of one state (as torch.nn.GRU), else
+    (output, (h_n, ...)), one tensor (num_layers * D, B, S) per state."""
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        device: Optional[torch.device] = None,
+        dtype: Optional[torch.dtype] = None,
+        *,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self._make(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, backend, factory)
+
+    def forward(self, input: Union[Tensor, PackedSequence], hx: Any = None) -> tuple[Any, Any]:
+        output, finals, _ = self._run(input, _states_arg(self._op, self._cell, hx, self._state_layout))
+        return output, (finals[0] if self._cell.num_states == 1 else finals)
+
+    def __reduce_ex__(self, protocol):  # pickled by the cell's name: the loader defines the cell again
+        return (_user_module, (self._cell.name, "Layer"), self.__getstate__())
+
+
+class _UserCell(_TorchCell):
+    """One step of a cell of lltm.cells.define, with torch.nn.LSTMCell's conventions:
+    (input_size, hidden_size, bias=True, device=None, dtype=None, *, backend="auto");
+    forward(input (B, I) or (I,), hx=None) -> h' for a cell of one state, else (h', ...)."""
+
+    def __init__(
+        self, input_size: int, hidden_size: int, bias: bool = True, device=None, dtype=None, *, backend="auto"
+    ):
+        super().__init__(input_size, hidden_size, bias, device, dtype, backend)
+
+    def forward(self, input: Tensor, hx: Any = None) -> Any:
+        new = self._step(input, _states_arg(self._op, self._cell, hx, "(batch, hidden_size)"))
+        return new[0] if self._cell.num_states == 1 else tuple(new)
+
+    def __reduce_ex__(self, protocol):
+        return (_user_module, (self._cell.name, "Cell"), self.__getstate__())
+
+
+_USER_CLASSES: dict[tuple[str, str], type] = {}
+
+
+def _user_class(cell: cells.Cell, kind: str) -> type:
+    key = (cell.name, kind)
+    cls = _USER_CLASSES.get(key)
+    if cls is None or cls._cell is not cell:
+        base = _UserLayers if kind == "Layer" else _UserCell
+        cls = type(kind, (base,), {"_op": f"lltm.cells.get({cell.name!r}).{kind}", "_cell": cell})
+        cls.__qualname__ = f"{kind}[{cell.name}]"
+        _USER_CLASSES[key] = cls
+    return cls
+
+
+def layer_class(cell: cells.Cell) -> type:
+    """The layer module class of a cell of lltm.cells.define (cell.Layer)."""
+    return _user_class(cell, "Layer")
+
+
+def cell_class(cell: cells.Cell) -> type:
+    """The one-step module class of a cell of lltm.cells.define (cell.Cell)."""
+    return _user_class(cell, "Cell")
+
+
+def _user_module(name: str, kind: str) -> nn.Module:
+    """Unpickling: an empty module of the class of cell `name` (defined again in this process)."""
+    cls = _user_class(cells.get(name), kind)
+    return cls.__new__(cls)
+
+
 def _unpack(packed: PackedSequence) -> tuple[Tensor, Tensor, Tensor]:
     """A PackedSequence as (padded (T, B, F) in its length-sorted row order,
     lengths (B,) int64 on the CPU, mask (T, B) of the valid steps on the data's device),

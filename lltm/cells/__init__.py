@@ -7,6 +7,10 @@ entry here (the same sizes, and its step in PyTorch: the reference and the
 modules, tests, benchmarks) takes the cell as a parameter.
 
     lltm.cells.get("gru")   # Cell(name='gru', gates=3, states=('h',), ...)
+
+A cell of your own: lltm.cells.define(...) compiles its C++ step just in
+time into the same kernels, and lltm.cells.check(cell) tests it against its
+Python step (docs/cells.md).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from torch import Tensor
 
 from lltm.reference import States, gru_cell_reference, lltm_cell_reference, lstm_cell_reference
 
-__all__ = ["Cell", "BUILT_IN", "get"]
+__all__ = ["Cell", "BUILT_IN", "get", "load", "define", "check", "defined", "UserCell", "CellCompileError"]
 
 
 @dataclass(frozen=True)
@@ -76,11 +80,49 @@ SEAM_OPS: tuple[Cell, ...] = (LSTM, GRU)
 
 
 def get(name: str) -> Cell:
-    """The cell called `name`."""
-    try:
-        return BUILT_IN[name]
-    except KeyError:
-        raise ValueError(f"lltm.cells: unknown cell {name!r}; known: {', '.join(BUILT_IN)}") from None
+    """The cell called `name`: a built-in one, or one of lltm.cells.define."""
+    cell = BUILT_IN.get(name) or _define._DEFINED.get(name)
+    if cell is None:
+        known = ", ".join([*BUILT_IN, *_define._DEFINED])
+        raise ValueError(f"lltm.cells: unknown cell {name!r}; known: {known} (lltm.cells.define adds one)")
+    return cell
+
+
+_LOADED: dict[str, Cell] = {}  # lltm.cells.load's answers: each file runs once per process
+
+
+def load(spec: str) -> Cell:
+    """A cell named on a command line: a built-in or already defined cell's name, or
+    "FILE.py:FUNCTION" / "package.module:FUNCTION", a function that returns a cell of
+    lltm.cells.define (called here, so its build is cached and reused)."""
+    if ":" not in spec:
+        return get(spec)
+    if spec in _LOADED:
+        return _LOADED[spec]
+    import importlib
+    import importlib.util
+    import os
+    import sys
+
+    where, _, attr = spec.rpartition(":")
+    if where.endswith(".py"):
+        if not os.path.isfile(where):
+            raise ValueError(f"lltm.cells: {spec!r}: no file {where!r}")
+        module_name = "lltm_cell_" + os.path.splitext(os.path.basename(where))[0]
+        loader_spec = importlib.util.spec_from_file_location(module_name, where)
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[module_name] = module  # importable by name, as torch.compile's tracing wants
+        loader_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"lltm.cells: {spec!r}: {where} has no function {attr!r}")
+    cell = fn()
+    if not isinstance(cell, Cell):
+        raise TypeError(f"lltm.cells: {spec!r} returned {type(cell).__name__}, not a cell of lltm.cells.define")
+    _LOADED[spec] = cell
+    return cell
 
 
 def check_compiled(described: Sequence[str]) -> None:
@@ -98,3 +140,8 @@ def check_compiled(described: Sequence[str]) -> None:
                 f"lltm: the compiled extension declares cell {entry!r}, which lltm.cells does not match; "
                 "rebuild the extension (pip install --no-build-isolation -e .)"
             )
+
+
+from lltm.cells import _define  # noqa: E402  (defines on top of Cell and BUILT_IN)
+from lltm.cells._check import check  # noqa: E402
+from lltm.cells._define import CellCompileError, UserCell, define, defined  # noqa: E402

@@ -1,0 +1,435 @@
+"""lltm.cells.define: a recurrent cell of the user's, compiled just in time
+into the seam's kernels.
+
+The user gives the cell's pointwise step twice: as C++ bodies (forward,
+backward, optionally recompute) with the seam's signature (csrc/cells/cell.h),
+and as a PyTorch function (the reference and the "python" backend). define()
+writes a traits struct around the bodies, compiles it with the fused CPU
+kernels and the ATen backend's templates into a library of its own (linked
+against lltm's, whose shared host code it reuses), registers the cell's
+operators lltm::fused_<name>_seq_* (CPU) and lltm::aten_<name>_seq_* (any
+device) with fake kernels and autograd, and returns the cell with its module
+classes. The build is cached under TORCH_EXTENSIONS_DIR, keyed by a hash of
+everything it is built from, and guarded by a file lock, so that several
+processes (torchrun ranks) starting at once compile it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lltm.cells import BUILT_IN, Cell
+
+log = logging.getLogger("lltm")
+
+__all__ = ["CellCompileError", "UserCell", "define", "defined"]
+
+_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
+_STATE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# The cells defined in this process, by name (their operators cannot be registered twice).
+_DEFINED: dict[str, "UserCell"] = {}
+# Bumped when the generated source's contract changes (part of the cache key).
+_SOURCE_VERSION = 1
+
+
+class CellCompileError(RuntimeError):
+    """The C++ body of a cell of lltm.cells.define did not compile: the compiler's messages
+    about the user's lines, located as <cell>.<part>:<line> (forward, backward, recompute)."""
+
+
+@dataclass(frozen=True, eq=False)
+class UserCell(Cell):
+    """A cell of lltm.cells.define: the seam's Cell plus what it was made from.
+
+    step: the pointwise reference, step(zx, zh, state) -> next states (lists of (B, S) tensors:
+    zx[g] = x W_ih[g]^T + b_ih[g], zh[g] = h W_hh[g]^T + b_hh[g]); source: the generated C++;
+    built: whether its compiled operators are loaded (False: backend="python" only).
+    Layer and Cell: its module classes, like torch.nn.LSTM / nn.LSTMCell.
+    """
+
+    step: Optional[Callable[..., Sequence[Tensor]]] = None
+    source: str = ""
+    bodies: dict = field(default_factory=dict)
+    built: bool = False
+
+    @property
+    def Layer(self) -> type:  # noqa: N802  (a class, named like one)
+        from lltm.modules import layer_class
+
+        return layer_class(self)
+
+    @property
+    def Cell(self) -> type:  # noqa: N802
+        from lltm.modules import cell_class
+
+        return cell_class(self)
+
+
+def _same_function(a: Callable, b: Callable) -> bool:
+    """The same reference: the object, or the same code (its file executed again, e.g. by
+    lltm.cells.load in another part of a program)."""
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    return a is b or (code_a is not None and code_a == code_b and a.__qualname__ == b.__qualname__)
+
+
+def defined() -> dict[str, UserCell]:
+    """The cells defined in this process, by name."""
+    return dict(_DEFINED)
+
+
+def _full_step(step: Callable[..., Sequence[Tensor]], name: str, gates: int, num_states: int):
+    """The seam's reference signature (input, state, weight_ih, weight_hh, bias_ih, bias_hh) around
+    the user's pointwise step."""
+
+    def reference(input, state, weight_ih, weight_hh, bias_ih, bias_hh):
+        zx = F.linear(input, weight_ih, bias_ih).chunk(gates, dim=-1)
+        zh = F.linear(state[0], weight_hh, bias_hh).chunk(gates, dim=-1)
+        out = step(list(zx), list(zh), list(state))
+        if isinstance(out, Tensor):
+            out = (out,)
+        out = tuple(out)
+        if len(out) != num_states or not all(isinstance(t, Tensor) for t in out):
+            raise TypeError(
+                f"lltm.cells.define({name!r}): reference must return the {num_states} next state(s) as "
+                f"tensors, h first, but returned {type(out).__name__} of length {len(out)}"
+            )
+        return out
+
+    return reference
+
+
+def _mask(name: str, what: str, value: Optional[Sequence[str]], states: tuple[str, ...]) -> int:
+    if value is None:
+        return (1 << len(states)) - 1
+    bits = 0
+    for s in value:
+        if s not in states:
+            raise ValueError(f"lltm.cells.define({name!r}): {what} names {s!r}, which is not a state {states}")
+        bits |= 1 << states.index(s)
+    return bits
+
+
+def _body(name: str, part: str, text: str) -> str:
+    """The user's body, with #line so the compiler names their own lines: <name>.<part>:<line>."""
+    if not isinstance(text, str) or not text.strip():
+        raise TypeError(f"lltm.cells.define({name!r}): {part} must be a non-empty string of C++ statements")
+    return f'#line 1 "{name}.{part}"\n{text.rstrip()}\n'
+
+
+def _generate(
+    name: str,
+    gates: int,
+    states: tuple[str, ...],
+    user_saved: int,
+    split: bool,
+    old_read: int,
+    new_read: int,
+    forward: str,
+    backward: str,
+    recompute: Optional[str],
+    capability: str,
+) -> str:
+    """The C++ source of the cell's library: its traits struct and the operators over it."""
+    ns = len(states)
+    # Without a recompute body, the states other than h are saved after the user's values.
+    saved = user_saved + (ns - 1 if recompute is None else 0)
+    keep = "".join(f"    saved[{user_saved + k - 1}] = next[{k}];\n" for k in range(1, ns))
+    if recompute is None:
+        recompute_body = "".join(f"    next[{k}] = saved[{user_saved + k - 1}];\n" for k in range(1, ns))
+        fwd_tail = keep
+    else:
+        recompute_body = _body(name, "recompute", recompute) + '#line 1 "<generated>"\n'
+        fwd_tail = ""
+    struct = f"User_{name}"
+    line = '#line 1 "<generated>"\n'
+    target = {"avx512": '#include "cpu/target_avx512.h"\n', "avx2": '#include "cpu/target_avx2.h"\n'}.get(
+        capability, ""
+    )
+    return f"""// Generated by lltm.cells.define for the cell {name!r} (source version {_SOURCE_VERSION}).
+#include "cpu/baseline_headers.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "aten/rnn_aten.h"
+#include "cells/cell.h"
+#include "cpu/register.h"
+#include "cpu/rnn_cpu.h"
+#include "rnn.h"
+#include "rnn_schema.h"
+
+// The fused CPU kernels of this cell, for the CPU capability torch runs with ({capability}); the
+// host code above keeps the baseline instruction set.
+#define LLTM_ONE_CELL_BUILD 1
+{target}#ifndef CPU_CAPABILITY
+#define CPU_CAPABILITY DEFAULT
+#endif
+#include "cpu/step_kernels.h"
+
+// The cell, after the instruction set switch: its code is inlined into the kernels.
+namespace lltm {{
+namespace cells {{
+namespace user {{
+
+struct {struct} {{
+  static constexpr const char* kName = "{name}";
+  static constexpr int kGates = {gates};
+  static constexpr int kStates = {ns};
+  static constexpr int kSaved = {max(saved, 1)};
+  static constexpr bool kSplit = {"true" if split else "false"};
+  static constexpr unsigned kOldRead = {old_read}u;
+  static constexpr unsigned kNewRead = {new_read}u;
+
+  template <typename M, typename T>
+  LLTM_CELL_FN void forward(const T (&zx)[kGates], const T (&zh)[kGates], const T (&s)[kStates],
+                            T (&next)[kStates], T (&saved)[kSaved]) {{
+    (void)zx; (void)zh; (void)s; (void)saved;
+{_body(name, "forward", forward)}{line}{fwd_tail}  }}
+
+  template <typename M, typename T>
+  LLTM_CELL_FN void recompute(const T (&s)[kStates], const T (&saved)[kSaved], T (&next)[kStates]) {{
+    (void)s; (void)saved; (void)next;
+{recompute_body}  }}
+
+  template <typename M, typename T>
+  LLTM_CELL_FN void backward(const T (&dnext)[kStates], const T (&s)[kStates], const T (&next)[kStates],
+                             const T (&saved)[kSaved], T (&dzx)[kGates], T (&dzh)[kGates], T (&ds)[kStates]) {{
+    (void)dnext; (void)s; (void)next; (void)saved; (void)dzh;
+{_body(name, "backward", backward)}{line}  }}
+}};
+
+}}  // namespace user
+}}  // namespace cells
+}}  // namespace lltm
+
+namespace lltm {{
+namespace cpu {{
+template <>
+struct CellKernels<cells::user::{struct}> {{
+  static Kernels get(c10::ScalarType dtype) {{ return CPU_CAPABILITY::kernels_of_cell<cells::user::{struct}>(dtype); }}
+}};
+}}  // namespace cpu
+}}  // namespace lltm
+
+namespace {{
+using Cell = lltm::cells::user::{struct};
+
+void register_fused(torch::Library& m) {{
+  m.impl("fused_{name}_seq_forward", &lltm::cpu::forward_op<Cell>);
+  m.impl("fused_{name}_seq_backward", &lltm::cpu::backward_op<Cell>);
+}}
+}}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(lltm, m) {{
+  lltm::define_rnn_ops(m, "fused", "{name}");
+  lltm::define_rnn_ops(m, "aten", "{name}");
+}}
+
+TORCH_LIBRARY_IMPL(lltm, CompositeExplicitAutograd, m) {{
+  m.impl("aten_{name}_seq_forward", &lltm::aten_rnn::forward_op<Cell>);
+  m.impl("aten_{name}_seq_backward", &lltm::aten_rnn::backward_op<Cell>);
+}}
+
+LLTM_REGISTER_CPU_KERNELS(register_fused)
+"""
+
+
+def _compile_error(name: str, output: str) -> CellCompileError:
+    """The compiler's messages about the user's lines (<name>.<part>:<line>), or its first errors."""
+    mine = re.compile(rf"^{re.escape(name)}\.(forward|backward|recompute):\d+(:\d+)?: (error|warning)")
+    lines = output.splitlines()
+    picked: list[str] = []
+    for i, text in enumerate(lines):
+        if mine.match(text):
+            picked.extend(lines[i : i + 3])  # the message, the compiler's echo of the line, its caret
+    if not picked:  # an error elsewhere (in the kernels the body is inlined into): the compiler's first ones
+        picked = [t for t in lines if "error" in t][:10] or lines[-20:]
+    body = "\n".join(picked[:40])
+    return CellCompileError(
+        f"lltm.cells.define({name!r}): the cell's C++ did not compile (lines as <cell>.<part>:<line> of "
+        f"your bodies):\n{body}"
+    )
+
+
+def _capability() -> str:
+    return str(torch.ops.lltm._fused_cpu_capability())
+
+
+def _build(name: str, source: str, verbose: bool) -> None:
+    """Compiles (unless cached) and loads the cell's library."""
+    from torch.utils import cpp_extension
+
+    from lltm import _extension, _sources
+
+    library = _extension.library_path()
+    headers = sorted(_sources.headers())
+    key = hashlib.sha256()
+    for part in (source, torch.__version__, library, str(os.path.getmtime(library)), str(os.path.getsize(library))):
+        key.update(part.encode())
+    for path in headers:
+        with open(path, "rb") as f:
+            key.update(f.read())
+    flags = _sources.cxx_flags(False, os.environ.get("DEBUG", "0") == "1") + ["-I" + _sources.CSRC]
+    key.update(" ".join(flags).encode())
+    ext_name = f"lltm_cell_{name}_{key.hexdigest()[:16]}"
+    build_dir = cpp_extension._get_build_directory(ext_name, verbose)
+    path = os.path.join(build_dir, f"{name}.cpp")
+    with _extension._BuildLock(build_dir) as locked:
+        if locked:
+            _extension._remove_stale_lock(build_dir)
+        lib = os.path.join(build_dir, ext_name + ".so")
+        cached = os.path.exists(lib) and _extension._elf_intact(lib)
+        if not cached:
+            if os.path.exists(lib):
+                os.remove(lib)
+            with open(path, "w") as f:  # the name is the hash of the content: written once
+                f.write(source)
+            log.warning("lltm: compiling cell %r just in time (cached under %s)", name, build_dir)
+        start = time.perf_counter()
+        try:
+            cpp_extension.load(
+                name=ext_name,
+                sources=[path],
+                extra_cflags=flags,
+                extra_ldflags=_sources.link_flags() + [library, "-Wl,-rpath," + os.path.dirname(library)],
+                is_python_module=False,
+                build_directory=build_dir,
+                verbose=verbose,
+            )
+        except RuntimeError as exc:
+            if "Error building extension" in str(exc):
+                raise _compile_error(name, _build_log(exc)) from None
+            raise
+        seconds = time.perf_counter() - start
+        if not cached:
+            log.warning("lltm: built cell %r in %.0f s", name, seconds)
+
+
+def _build_log(exc: RuntimeError) -> str:
+    """The compiler output torch's build error carries (its message, or the chained ninja error's)."""
+    parts = [str(exc)]
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None:
+        parts.append(getattr(cause, "output", None) or str(cause))
+        if isinstance(parts[-1], bytes):
+            parts[-1] = parts[-1].decode(errors="replace")
+        cause = cause.__cause__ or cause.__context__
+    return "\n".join(parts)
+
+
+def define(
+    name: str,
+    *,
+    gates: int,
+    states: Sequence[str],
+    forward: str,
+    backward: str,
+    reference: Callable[..., Sequence[Tensor]],
+    saved: int = 0,
+    recompute: Optional[str] = None,
+    split: bool = False,
+    reads_old: Optional[Sequence[str]] = None,
+    reads_new: Optional[Sequence[str]] = None,
+    gate_names: Optional[Sequence[str]] = None,
+    build: bool = True,
+    verbose: bool = False,
+) -> UserCell:
+    """A recurrent cell of your own on lltm's kernels (see docs/cells.md for a walkthrough).
+
+    name: lower-case identifier (its operators are lltm::<backend>_<name>_seq_*);
+    gates: G, the blocks of G * hidden_size rows of weight_ih / weight_hh;
+    states: the carried states' names, h first (the output is h);
+    forward, backward (and recompute): C++ statements, the seam's pointwise step for one unit,
+    one source for every backend (csrc/cells/cell.h). They see T (the value type: a float, a
+    CPU vector or a tensor), M (math: M::sigmoid, M::tanh, M::exp, M::expm1, M::elu,
+    M::where_gt(x, y, a, b), M::fma(a, b, c)) and T(c) for constants, and these arrays:
+      forward:   zx[G], zh[G], s[NS] (previous states) -> next[NS], saved[saved]
+      backward:  dnext[NS] (gradient of the next states; h's includes the output's), s, next,
+                 saved -> dzx[G], dzh[G] (with split only), ds[NS] (the direct gradient of the
+                 previous states: the kernels add dzh W_hh to ds[0] themselves)
+      recompute: s, saved -> next[1:] (the states other than h from the previous states and
+                 the saved values, rounded as forward rounds them). Without it, those states
+                 are saved after your `saved` values and read back.
+    split=False: the gates need only zx[g] + zh[g]: forward may read zh but the kernels may pass
+    the sum in zx and 0 in zh; backward writes dzx only. split=True keeps them apart (GRU).
+    reads_old / reads_new: the states backward reads in s / next (default: all).
+    reference: the same step in PyTorch, reference(zx, zh, state) -> next states (lists of
+    (B, S) tensors); it is the "python" backend and what lltm.cells.check compares with.
+    build=False: no compilation (backend="python" only).
+
+    Returns the cell (lltm.cells.get(name) finds it too) with module classes `.Layer`
+    (torch.nn.LSTM's conventions) and `.Cell` (torch.nn.LSTMCell's). Run lltm.cells.check
+    on it before trusting its backward. Defining the same name again with the same
+    arguments returns the same cell; with others, an error.
+    """
+    op = f"lltm.cells.define({name!r})"
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"lltm.cells.define: name must be a lower-case identifier of <= 32 characters, got {name!r}")
+    if name in BUILT_IN:
+        raise ValueError(f"{op}: {name!r} is a built-in cell; choose another name")
+    if isinstance(gates, bool) or not isinstance(gates, int) or not 1 <= gates <= 16:
+        raise ValueError(f"{op}: gates must be an int in [1, 16], got {gates!r}")
+    if isinstance(states, str) or not isinstance(states, Sequence) or not 1 <= len(states) <= 8:
+        raise ValueError(f"{op}: states must be a sequence of 1 to 8 state names, h first, got {states!r}")
+    states = tuple(states)
+    if not all(isinstance(s, str) and _STATE_NAME.match(s) for s in states) or len(set(states)) != len(states):
+        raise ValueError(f"{op}: states must be distinct identifiers, got {states!r}")
+    if isinstance(saved, bool) or not isinstance(saved, int) or not 0 <= saved <= 32:
+        raise ValueError(f"{op}: saved must be an int in [0, 32], got {saved!r}")
+    if not callable(reference):
+        raise TypeError(f"{op}: reference must be a callable reference(zx, zh, state) -> next states")
+    if gate_names is None:
+        gate_names = tuple(f"g{g}" for g in range(gates))
+    elif len(gate_names) != gates:
+        raise ValueError(f"{op}: gate_names has {len(gate_names)} names for {gates} gates")
+    old_read = _mask(name, "reads_old", reads_old, states)
+    new_read = _mask(name, "reads_new", reads_new, states)
+    bodies = {"forward": forward, "backward": backward, "recompute": recompute}
+    for part, text in bodies.items():
+        if text is not None and (not isinstance(text, str) or not text.strip()):
+            raise TypeError(f"{op}: {part} must be a non-empty string of C++ statements")
+    capability = _capability() if build else "none"
+    source = _generate(
+        name, gates, states, saved, bool(split), old_read, new_read, forward, backward, recompute, capability
+    )
+    total_saved = max(saved + (len(states) - 1 if recompute is None else 0), 1)
+    previous = _DEFINED.get(name)
+    if previous is not None:
+        if previous.source == source and _same_function(previous.step, reference):
+            return previous
+        raise ValueError(
+            f"{op}: a different cell {name!r} is already defined in this process (its operators cannot be "
+            "replaced); give the new one another name"
+        )
+    if build:
+        _build(name, source, verbose)
+    cell = UserCell(
+        name=name,
+        gates=gates,
+        states=states,
+        saved=total_saved,
+        split=bool(split),
+        reference=_full_step(reference, name, gates, len(states)),
+        gate_names=tuple(gate_names),
+        step=reference,
+        source=source,
+        bodies=bodies,
+        built=build,
+    )
+    if build:
+        from lltm import _backends, _seam
+
+        _seam.register_cell(cell, ("aten", "fused"))
+        _backends.forget(f"{name}_seq")
+    _DEFINED[name] = cell
+    return cell
