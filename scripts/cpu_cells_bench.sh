@@ -10,6 +10,7 @@
 #   scripts/cpu_cells_bench.sh                       # the whole grid
 #   scripts/cpu_cells_bench.sh --dtype bfloat16      # extra arguments go to every `lltm bench`
 #   CELLS="lstm gru" THREADS=1 scripts/cpu_cells_bench.sh
+#   CELLS="lstm examples/cells/forget_lltm.py:define" scripts/cpu_cells_bench.sh   # a cell of your own
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -30,12 +31,13 @@ for threads in $THREADS; do
     runs=20
     [ "$B" -ge 64 ] && runs=5
     for cell in $CELLS; do
+      key=$(basename "${cell%%:*}" .py)  # a cell of lltm.cells.define: FILE.py:FUNCTION -> FILE
       peer=lstm
       [ "$cell" = gru ] && peer=gru
       echo
       echo "== cell $cell, T=50, ${B}x${I}x${S}, $threads thread(s): fused vs nn.${peer^^}"
       OMP_NUM_THREADS=$threads "$PYTHON" -m lltm bench --seq 50 -b "$B" -f "$I" -s "$S" -r "$runs" --rounds 3 \
-        --cell "$cell" --rows "fused,$peer" --no-progress --json "$OUT/$cell-$size-$threads.json" "$@"
+        --cell "$cell" --rows "fused,$peer" --no-progress --json "$OUT/$key-$size-$threads.json" "$@"
     done
   done
 done
@@ -45,7 +47,7 @@ echo "Summary: fused / torch module, Timer medians (target: <= 1.00 for lstm and
 "$PYTHON" - "$OUT" <<'EOF'
 import glob, json, os, sys
 
-print(f"{'cell':>5} {'B x I x S':>11} {'threads':>7} {'fused f+b us':>13} {'torch f+b us':>13} {'fwd x':>6} {'bwd x':>6} {'f+b x':>6}")
+print(f"{'cell':>11} {'B x I x S':>11} {'threads':>7} {'fused f+b us':>13} {'torch f+b us':>13} {'fwd x':>6} {'bwd x':>6} {'f+b x':>6}")
 keyed = []
 for path in glob.glob(os.path.join(sys.argv[1], "*.json")):
     data = json.load(open(path))
@@ -55,12 +57,12 @@ for path in glob.glob(os.path.join(sys.argv[1], "*.json")):
 for _, size, threads, cell, rows in sorted(keyed):
     fused = rows.get("fused")
     if fused is None or fused.get("peer") is None:
-        print(f"{cell:>5} {size:>11} {threads:>7}   (no fused or peer row: see the table above)")
+        print(f"{cell:>11} {size:>11} {threads:>7}   (no fused or peer row: see the table above)")
         continue
     peer = rows[fused["peer"]]
     total = lambda r: r["timer_fwd_us"] + r["timer_bwd_us"]
     mark = "!" if fused["peer_ratio_suspect"] else ""
-    print(f"{cell:>5} {size:>11} {threads:>7} {total(fused):13.1f} {total(peer):13.1f} {fused['peer_ratio_fwd']:6.2f} "
+    print(f"{cell:>11} {size:>11} {threads:>7} {total(fused):13.1f} {total(peer):13.1f} {fused['peer_ratio_fwd']:6.2f} "
           f"{fused['peer_ratio_bwd']:6.2f} {fused['peer_ratio_total']:6.2f}{mark}")
 print("(! : a row whose two clocks disagreed: rerun on a quieter machine)")
 EOF

@@ -141,7 +141,7 @@ def test_bench_sequence_compile_row(capsys):
         (["--device", "tpux"], "argument --device: not a device: 'tpux'"),
         (["--plot", "/nonexistent/dir/x.png"], "argument --plot: folder /nonexistent/dir does not exist"),
         (["--json", "/nonexistent/dir/x.json"], "argument --json: folder /nonexistent/dir does not exist"),
-        (["--cell", "rnn"], "argument --cell: invalid choice: 'rnn'"),
+        (["--cell", "rnn"], "argument --cell: unknown cell 'rnn'; choose gru, lltm, lstm or FILE.py:FUNCTION"),
     ],
     ids=["rows", "runs", "rounds", "seq", "state", "min-run-time", "device", "plot", "json", "cell"],
 )

@@ -183,6 +183,23 @@ def test_train_compare_smoke(tmp_path, task, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_train_a_cell_on_lltm_kernels(tmp_path, cell, capsys):
+    """--cell trains lltm's LSTM / GRU (torch's parameters, so --compare sizes match exactly)."""
+    assert _train(tmp_path, "--task", "copy", "--steps", "4", "--cell", cell, "--compare", "--no-plot") == 0
+    rows = _rows(tmp_path / "out" / "lltm.jsonl")
+    assert rows[0]["cell"] == cell
+    assert all(math.isfinite(r["loss"]) for r in rows if r["kind"] == "train")
+    if cell == "lstm":
+        summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+        assert len({r["params"] for r in summary["results"]}) == 1
+
+
+def test_unknown_cell_is_refused(tmp_path, capsys):
+    assert _train(tmp_path, "--task", "copy", "--steps", "2", "--cell", "nope") == 2
+    assert "unknown cell 'nope'" in capsys.readouterr().err
+
+
 def test_charlm_learns(tmp_path):
     """40 steps bring the held-out loss of a tiny LLTM well below uniform guessing (ln 256)."""
     assert (
@@ -520,10 +537,12 @@ def test_empty_text_is_one_line(tmp_path, capsys):
         (["--auto-resume"], "--auto-resume needs --ckpt DIR (the directory to resume from)"),
         (["--batch", "6", "--accumulate", "4"], "--accumulate 4 must divide each rank's 6 rows (--batch 6 over 1 rank(s))"),  # noqa: E501
         (["--static-graph", "--accumulate", "2"], "--static-graph with --accumulate: DDP's static graph fails an internal assert in torch's reducer when its first backward runs under no_sync (torch 2.13); drop one of them"),  # noqa: E501
+        (["--model", "lstm", "--cell", "gru"], "--cell picks the lltm model's cell; --model lstm (torch.nn.LSTM) has none"),  # noqa: E501
     ],
     ids=[
         "dropout-one-layer", "compare-model", "match-params-lltm", "text-copy", "copy-len-adding", "embed-adding",
         "backend-lstm", "ckpt-every", "keep", "override", "resume-twice", "auto-resume", "accumulate", "static-no-sync",
+        "cell-lstm",
     ],
 )  # fmt: skip
 def test_ignored_or_conflicting_options_are_refused(tmp_path, argv, message, capsys, monkeypatch):

@@ -259,11 +259,12 @@ def seq_case(name: str, cfg: Config) -> Case:
     x = rand(T, B, I, grad=not cfg.param_grads_only)
     grad_out = rand(T, B, S, grad=False)
     factory = {"device": cfg.device, "dtype": cfg.dtype}
-    layer = {"lltm": LLTM, "lstm": LSTM, "gru": GRU}[cfg.cell]
-    note = f"lltm.{layer.__name__}, T={T}"
+    spec = cells.load(cfg.cell)  # a built-in cell, or one of lltm.cells.define (FILE.py:FUNCTION)
+    layer = {"lltm": LLTM, "lstm": LSTM, "gru": GRU}.get(cfg.cell) or spec.Layer
+    note = f"lltm.{layer.__qualname__}, T={T}"
     if name in BACKEND_ROWS or name == "fused-tf32":
         backend = "fused" if name == "fused-tf32" else name
-        if not _backends.is_available(backend, cfg.device.type, cells.get(cfg.cell).op_family()):
+        if not _backends.is_available(backend, cfg.device.type, spec.op_family()):
             raise Skip(f"{backend} has no {cfg.cell} operators on {cfg.device.type}")
         module: nn.Module = layer(I, S, backend=backend, **factory)
         call = module

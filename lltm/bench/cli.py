@@ -43,6 +43,15 @@ def _rows(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _cell_arg(value: str) -> str:
+    """--cell: a built-in cell's name, or FILE.py:FUNCTION / module:FUNCTION (loaded when the rows are built)."""
+    if value in lltm_cells.BUILT_IN or ":" in value:
+        return value
+    raise argparse.ArgumentTypeError(
+        f"unknown cell {value!r}; choose {', '.join(sorted(lltm_cells.BUILT_IN))} or FILE.py:FUNCTION"
+    )
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Forward and backward time of every lltm backend beside its peers, by the tutorial's host-clock method "
@@ -94,9 +103,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cell",
-        choices=sorted(lltm_cells.BUILT_IN),
         default="lltm",
-        help="the layer's cell with --seq: lltm.LLTM, lltm.LSTM or lltm.GRU (its peer: nn.GRU for gru, else nn.LSTM)",
+        type=_cell_arg,
+        metavar="CELL",
+        help="the layer's cell with --seq: lltm, lstm or gru (lltm.LLTM, lltm.LSTM, lltm.GRU; the peer is nn.GRU "
+        "for gru, else nn.LSTM), or a cell of lltm.cells.define as FILE.py:FUNCTION or module:FUNCTION "
+        "(docs/cells.md)",
     )
     p.add_argument(
         "--param-grads-only", action="store_true", help="only parameters need gradients (the tutorial's setting)"

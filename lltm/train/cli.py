@@ -76,6 +76,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model", choices=KINDS, help="recurrent layers: lltm.LLTM or torch.nn.LSTM (default lltm; not with --compare)"
     )
+    g.add_argument(
+        "--cell",
+        default="lltm",
+        metavar="CELL",
+        help="the lltm model's recurrent cell on lltm's kernels: lltm (lltm.LLTM, the default), lstm, gru "
+        "(lltm.LSTM, lltm.GRU), or your own: FILE.py:FUNCTION or module:FUNCTION returning lltm.cells.define(...) "
+        "(docs/cells.md); with --compare it is trained beside torch.nn.LSTM",
+    )
     g.add_argument("--compare", action="store_true", help="train both models, one after the other; plot both")
     g.add_argument("--hidden", type=int_at_least(1), default=64, help="hidden size (of the LLTM when --match-params)")
     g.add_argument(
@@ -249,6 +257,8 @@ def _validate(args: argparse.Namespace, world: int) -> list[str]:
         raise ValueError(
             "--match-params sizes nn.LSTM to the LLTM's parameter count: use it with --compare or --model lstm"
         )
+    if args.cell != "lltm" and not args.compare and model == "lstm":
+        raise ValueError("--cell picks the lltm model's cell; --model lstm (torch.nn.LSTM) has none")
     if args.backend is not None and not args.compare and model == "lstm":
         raise ValueError("--backend picks the LLTM's backend; --model lstm (torch.nn.LSTM) has none")
     if args.batch % world:
@@ -300,8 +310,11 @@ def _check(args: argparse.Namespace, device: torch.device, kinds: list[str]) -> 
     """What needs the device: the backend on it, bfloat16 nn.LSTM on the CPU, the output folders."""
     if "lltm" in kinds:
         try:
-            _backends.resolve(args.backend or "auto", device.type, "seq")
-        except (ValueError, RuntimeError) as exc:
+            from lltm import cells
+
+            family = "seq" if args.cell == "lltm" else cells.load(args.cell).op_family()
+            _backends.resolve(args.backend or "auto", device.type, family)
+        except (ValueError, RuntimeError, TypeError) as exc:
             raise ValueError(str(exc).removeprefix("lltm: ")) from None
     if "lstm" in kinds and args.dtype == "bfloat16" and device.type == "cpu" and not _lstm_bf16_runs_on_cpu():
         raise ValueError(
@@ -388,6 +401,7 @@ def _run(args: argparse.Namespace) -> int:
             embed=args.embed or DEFAULT_EMBED,
             tokens=task.tokens,
             readout=task.readout,
+            cell=args.cell,
         )
         lstm_hidden = matched_hidden(base, "lstm") if args.match_params else args.hidden
         opts = Options(

@@ -283,7 +283,9 @@ def _read_resume(opts: Options, config: dict, ckpt_dir: str, mode: str, kind: st
         )
     path, state, damaged = loaded
     saved = state["config"]
-    checkpoint.check_config(path, {**saved["model"], **saved["task"]}, {**config["model"], **config["task"]})
+    # checkpoints written before the model had a cell are LLTM's
+    saved_model = {"cell": "lltm", **saved["model"]}
+    checkpoint.check_config(path, {**saved_model, **saved["task"]}, {**config["model"], **config["task"]})
     train_saved = saved.get("train", {})  # checkpoints written before these were recorded: not compared
     hard = checkpoint.differences({k: v for k, v in train_saved.items() if k not in OVERRIDABLE}, config["train"])
     if hard:

@@ -1,7 +1,8 @@
 """The sequence model that `lltm train` trains: input layer, recurrent layers, linear head.
 
-The recurrent part is lltm.LLTM (`kind="lltm"`) or torch.nn.LSTM (`kind="lstm"`),
-both batch-first, so the two can be compared at equal parameter count
+The recurrent part is lltm's (`kind="lltm"`: lltm.LLTM, or another cell on
+lltm's kernels, `cell`: lltm.LSTM, lltm.GRU or one of lltm.cells.define) or
+torch.nn.LSTM (`kind="lstm"`), all batch-first, so the two can be compared at equal parameter count
 (`matched_hidden`).
 """
 
@@ -31,9 +32,14 @@ class ModelConfig:
     embed: int  # embedding width when tokens (unused otherwise)
     tokens: bool
     readout: str  # "all": an output per step; "last": one per sequence
+    cell: str = "lltm"  # kind "lltm": the cell on lltm's kernels (lltm.cells.load: a name or FILE.py:FUNCTION)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+# the built-in cells' layers on lltm's kernels (other cells: lltm.cells.load(name).Layer)
+_CELL_LAYERS = {"lstm": lltm.LSTM, "gru": lltm.GRU}
 
 
 class SequenceModel(nn.Module):
@@ -50,8 +56,11 @@ class SequenceModel(nn.Module):
         self.embed = nn.Embedding(cfg.n_in, cfg.embed) if cfg.tokens else None
         # Dropout acts between recurrent layers only (nn.LSTM's rule), so none with one layer.
         p = dropout if cfg.layers > 1 else 0.0
-        if cfg.kind == "lltm":
+        if cfg.kind == "lltm" and cfg.cell == "lltm":
             self.rnn = lltm.LLTM(features, cfg.hidden, cfg.layers, batch_first=True, dropout=p, backend=backend)
+        elif cfg.kind == "lltm":
+            layer = _CELL_LAYERS.get(cfg.cell) or lltm.cells.load(cfg.cell).Layer
+            self.rnn = layer(features, cfg.hidden, cfg.layers, batch_first=True, dropout=p, backend=backend)
         else:
             self.rnn = nn.LSTM(features, cfg.hidden, cfg.layers, batch_first=True, dropout=p)
         self.head = nn.Linear(cfg.hidden, cfg.n_out)
