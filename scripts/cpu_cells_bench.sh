@@ -61,7 +61,7 @@ for _, size, threads, cell, rows in sorted(keyed):
         continue
     peer = rows[fused["peer"]]
     total = lambda r: r["timer_fwd_us"] + r["timer_bwd_us"]
-    mark = "!" if fused["peer_ratio_suspect"] else ""
+    mark = "!" if fused.get("clocks_disagree") or peer.get("clocks_disagree") else ""
     print(f"{cell:>11} {size:>11} {threads:>7} {total(fused):13.1f} {total(peer):13.1f} {fused['peer_ratio_fwd']:6.2f} "
           f"{fused['peer_ratio_bwd']:6.2f} {fused['peer_ratio_total']:6.2f}{mark}")
 print("(! : a row whose two clocks disagreed: rerun on a quieter machine)")

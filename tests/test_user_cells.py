@@ -203,6 +203,26 @@ def test_layer_matches_python_backend(cell, backend):
             torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_reduced_precision_matches_python_in_the_same_dtype(cell, dtype):
+    """The fused CPU kernels in every dtype they build for, against the python backend run in the
+    same dtype, forward and the input's gradient (float32 math inside, as the built-in cells)."""
+    torch.manual_seed(0)
+    ref = cell.Layer(8, 16, backend="python", dtype=dtype)
+    layer = cell.Layer(8, 16, backend="fused", dtype=dtype)
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(12, 3, 8, dtype=dtype)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}[dtype]
+    grads = []
+    for module in (layer, ref):
+        xi = x.clone().requires_grad_()
+        out, _ = module(xi)
+        out.float().square().sum().backward()
+        grads.append((out, xi.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=tol, atol=tol)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=tol, atol=tol)
+
+
 def test_parameters_state_and_cell_module(cifg):
     layer = cifg.Layer(5, 8, num_layers=2)
     names = [n for n, _ in layer.named_parameters()]

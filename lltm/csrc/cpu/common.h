@@ -59,15 +59,23 @@ Kernels kernels_for(const at::Tensor& t) {
 inline bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
 // Whether the GEMMs of `t`'s dtype over all T*B rows (the gradients of the
-// weights and of the input) go to at::mm, i.e. oneDNN: for bfloat16 where
-// the CPU multiplies it natively (AVX512-BF16 or AMX) and torch runs its
-// AVX-512 kernels. oneDNN picks its kernels by instruction set, not by
-// vendor, and its bfloat16 dot products run at twice the rate of an fp32
-// multiply-add kernel (one core of the AMD EPYC of docs/benchmarks.md:
-// 3200 x 768 x 256 in 2.7 ms, 12.4 ms through the backend's own GEMM in
-// fp32). Elsewhere the backend's own GEMM.
-inline bool bf16_gemm_by_onednn(const at::Tensor& t) {
-  static const bool native = [] {
+// weights and of the input, after the time loop) go to at::mm rather than
+// the backend's own GEMM:
+// - bfloat16 where the CPU multiplies it natively (AVX512-BF16 or AMX) and
+//   torch runs its AVX-512 kernels: oneDNN picks its kernels by instruction
+//   set, not by vendor, and its bfloat16 dot products run at twice the rate
+//   of an fp32 multiply-add kernel (one core of the AMD EPYC of
+//   docs/benchmarks.md: 3200 x 768 x 256 in 2.7 ms, 12.4 ms through the
+//   backend's own GEMM in fp32);
+// - float and double where torch runs its AVX2 kernels: the own GEMM's
+//   AVX2 tile (4 rows x 3 vectors) reached ~75% of MKL's rate there (Zen 3
+//   core, T*B = 3200 rows, K and N 256 to 1024: ~25 against ~34 GFMA/s),
+//   while its AVX-512 tile (8 x 3 zmm) ran at 2.5x MKL's on the Zen 5 of
+//   docs/benchmarks.md, where MKL takes its AVX2 path on an AMD CPU.
+// The time loop's GEMMs stay the backend's own everywhere: their tiles feed
+// the cell's math in registers.
+inline bool parameter_gemms_by_aten(const at::Tensor& t) {
+  static const bool avx512_bf16 = [] {
     if (std::string(kernels_capability()) != "avx512") return false;
     const auto caps = at::cpu::get_cpu_capabilities();
     const auto flag = [&](const char* name) {
@@ -76,7 +84,9 @@ inline bool bf16_gemm_by_onednn(const at::Tensor& t) {
     };
     return flag("avx512_bf16") || flag("amx_bf16");
   }();
-  return native && t.scalar_type() == at::kBFloat16;
+  static const bool avx2 = std::string(kernels_capability()) == "avx2";
+  const auto dtype = t.scalar_type();
+  return (avx512_bf16 && dtype == at::kBFloat16) || (avx2 && (dtype == at::kFloat || dtype == at::kDouble));
 }
 
 // A contiguous copy (or the tensor itself when already contiguous) of an

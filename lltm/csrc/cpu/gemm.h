@@ -61,6 +61,38 @@ inline constexpr int kTileCols = 3;
 // floats on AVX-512) stays in L1 / L2 while every row tile of A passes over
 // it (256 against 128: backward of the layer T=50 16x32x128 3% faster).
 inline constexpr int64_t kKc = 256;
+// Rows of C from which the plain GEMM packs every panel of B (see gemm).
+inline constexpr int64_t kPackRows = 64;
+
+// v, held in a register from here on: GCC otherwise folds a B vector's load
+// into each multiply-add that uses it, one load per row instead of one per
+// tile (4 gates x 2 rows on AVX2: 10 loads for 8 multiply-adds, above the
+// two a cycle the core serves).
+template <typename T>
+C10_ALWAYS_INLINE Vec<T> in_register(const Vec<T>& v) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  if constexpr (std::is_same_v<T, float>) {
+#if defined(CPU_CAPABILITY_AVX512)
+    __m512 r = v;
+    asm("" : "+v"(r));
+#else
+    __m256 r = v;
+    asm("" : "+x"(r));
+#endif
+    return Vec<T>(r);
+  } else if constexpr (std::is_same_v<T, double>) {
+#if defined(CPU_CAPABILITY_AVX512)
+    __m512d r = v;
+    asm("" : "+v"(r));
+#else
+    __m256d r = v;
+    asm("" : "+x"(r));
+#endif
+    return Vec<T>(r);
+  }
+#endif
+  return v;
+}
 
 // acc[r][n] += sum_{k < K} A(r, k) * P[k][n]: A(r, k) = a[r * rs + k * ks]
 // (converted to opmath), P's rows ldp elements apart, vector n at n * width.
@@ -74,7 +106,7 @@ C10_ALWAYS_INLINE void mac_tile(Vec<T> (&acc)[MR][NR], const a_t* a, int64_t rs,
   for (int64_t k = 0; k < K; ++k) {
     Vec<T> w[NR];
 #pragma GCC unroll 4
-    for (int n = 0; n < NR; ++n) w[n] = Vec<T>::loadu(p + k * ldp + n * V);
+    for (int n = 0; n < NR; ++n) w[n] = in_register(Vec<T>::loadu(p + k * ldp + n * V));
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const Vec<T> x(static_cast<T>(a[r * rs + k * ks]));
@@ -223,7 +255,13 @@ void gemm(const Gemm& g, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_
       const T* bp = nullptr;
       int64_t ldp = NW;
       if constexpr (!convert) {
-        if (cols % V == 0) {
+        // B read in place where its rows fill the panel's vectors and few row
+        // tiles pass over it. With many, a packed copy (rows NW apart) stays
+        // in L1: B's own rows ldb apart, a power of two more often than not,
+        // fall into a few cache sets and evict one another every tile
+        // (dx = d_pre W_x over T*B = 3200 rows, ldb 512 floats: 2x the time
+        // of the packed panel on a Zen 3 core).
+        if (cols % V == 0 && m_end - m_begin < kPackRows) {
           bp = b + k0 * g.ldb + col;
           ldp = g.ldb;
         }
@@ -304,6 +342,22 @@ inline void transpose_into(const src_t* src, int64_t ld_src, int64_t rows, int64
           float block[16 * 16];
           for (int64_t u = 0; u < 16; ++u) store(block + u * 16, load(src + u * ld_src + k0));
           transpose_16x16(block, 16, dst + k0 * ld_dst, ld_dst);
+        }
+      }
+    }
+  }
+#elif defined(CPU_CAPABILITY_AVX2)
+  // 8 x 8 blocks of floats by at::vec's in-register transpose (the element
+  // loop below took ~3% of a layer's forward at 16 x 32 x 128)
+  if constexpr (std::is_same_v<T, float>) {
+    if (rows == 8) {
+      for (; k0 + 8 <= cols; k0 += 8) {
+        if constexpr (std::is_same_v<src_t, float>) {
+          at::vec::transpose_mxn<float, 8, 8>(src + k0, ld_src, dst + k0 * ld_dst, ld_dst);
+        } else {  // bfloat16 / half: widened block by block
+          float block[8 * 8];
+          for (int64_t u = 0; u < 8; ++u) store(block + u * 8, load(src + u * ld_src + k0));
+          at::vec::transpose_mxn<float, 8, 8>(block, 8, dst + k0 * ld_dst, ld_dst);
         }
       }
     }

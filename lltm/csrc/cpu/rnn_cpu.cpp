@@ -18,7 +18,7 @@
 // panel of unit blocks: dh_t = dzh_{t+1} W_hh (+ the cell's direct term)
 // into the cell's backward of step t, which writes dzx and dzh; the bias
 // gradients are summed in the same kernel. After the loop, over all T*B
-// rows (bfloat16 with native bfloat16 multiplies: at::mm, see common.h):
+// rows (at::mm where it is the faster, see common.h: parameter_gemms_by_aten):
 //   grad_input = dzx W_ih,  grad_W_ih = dzx^T x
 //   grad_W_hh  = dzh_0^T h0 + dzh_{1:}^T output_{:-1}  (h_{t-1} is the previous
 //                output on every row whose dzh is not 0)

@@ -38,6 +38,7 @@ std::pair<at::Tensor, at::Tensor> forward_biases(const RnnArgs& a) {
 // The initial states other than h, (NS - 1, B, S) contiguous (undefined for NS = 1).
 inline at::Tensor other_states(const std::vector<at::Tensor>& state) {
   if (state.size() < 2) return at::Tensor();
+  if (state.size() == 2) return state[1].contiguous().unsqueeze(0);
   return at::stack(at::TensorList(state).slice(1)).contiguous();
 }
 
@@ -89,7 +90,8 @@ void rnn_forward(const RnnArgs& a, at::Tensor& output, std::vector<at::Tensor>& 
   at::Tensor s_buf;
   if (NS > 1) {
     s_buf = at::empty({2, NS - 1, B, S}, options);
-    s_buf[1].copy_(other_states(a.state));
+    const at::Tensor initial = s_buf.select(0, 1);
+    for (int k = 1; k < NS; ++k) initial.select(0, k - 1).copy_(a.state[k]);
   }
   const int64_t blocks = kernels.blocks(S);
   at::Tensor packed = at::empty({kernels.forward_packed_size(S, I)}, options.dtype(opmath(a.input)));
@@ -151,7 +153,7 @@ inline void parameter_gradients(const Kernels& k, const RnnArgs& a, const at::Te
                                 const at::Tensor& h0, const at::Tensor& dzx, const at::Tensor& dzh,
                                 RnnGradients& grads) {
   const int64_t T = a.steps(), B = a.batch(), I = a.features(), S = a.hidden(), GS = a.w_hh.size(0);
-  if (bf16_gemm_by_onednn(a.input)) {
+  if (parameter_gemms_by_aten(a.input)) {
     RnnGradients gemms;
     gemms.input = grads.input;
     gemms.w_ih = grads.w_ih;
@@ -212,6 +214,8 @@ void rnn_backward(const RnnArgs& a, const RnnBackwardArgs& from, RnnGradients& g
   const at::Tensor len = a.lengths.defined() ? a.lengths.contiguous() : at::Tensor();
   const at::Tensor h0 = a.state[0].contiguous(), s0 = other_states(a.state);
   const at::Tensor states = NS > 1 ? recompute_states(kernels, saved, s0, len, NS) : at::Tensor();
+  const char* states_base = NS > 1 ? static_cast<const char*>(states.const_data_ptr()) : nullptr;
+  const int64_t state_bytes = B * S * a.input.element_size();  // one (B, S) step of `states`
 
   // Carried gradients in opmath, updated in place: dh (the part of d h_t
   // beside the next step's GEMM) and those of the other states.
@@ -259,8 +263,8 @@ void rnn_backward(const RnnArgs& a, const RnnBackwardArgs& from, RnnGradients& g
       step.h_old = t > 0 ? step_ptr(output, t - 1) : h0.const_data_ptr();
       if (NS > 1) {
         // state k after step t at states[k - 1][t]; before step 0 the initial ones
-        step.s_new = step_ptr(states[0], t);
-        step.s_old = t > 0 ? step_ptr(states[0], t - 1) : s0.const_data_ptr();
+        step.s_new = states_base + t * state_bytes;
+        step.s_old = t > 0 ? states_base + (t - 1) * state_bytes : s0.const_data_ptr();
         step.ld_s_old = S;
         step.s_old_stride = t > 0 ? T * B * S : B * S;
       }
