@@ -190,9 +190,13 @@ def test_train_a_cell_on_lltm_kernels(tmp_path, cell, capsys):
     rows = _rows(tmp_path / "out" / "lltm.jsonl")
     assert rows[0]["cell"] == cell
     assert all(math.isfinite(r["loss"]) for r in rows if r["kind"] == "train")
-    if cell == "lstm":
-        summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [r["kind"] for r in summary["results"]] == [f"lltm[{cell}]", "lstm"]
+    assert f"| lltm[{cell}] |" in capsys.readouterr().out
+    if cell == "lstm":  # torch's parameters: the same count, the same init, the same losses
         assert len({r["params"] for r in summary["results"]}) == 1
+        losses = [r["eval_loss"] for r in summary["results"]]
+        assert abs(losses[0] - losses[1]) < 1e-4 * abs(losses[1])
 
 
 def test_unknown_cell_is_refused(tmp_path, capsys):

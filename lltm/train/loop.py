@@ -525,7 +525,7 @@ class _Run:
         self.bar = tqdm(
             total=opts.steps,
             initial=start,
-            desc=f"{cfg.kind} h={cfg.hidden}",
+            desc=f"{cfg.label} h={cfg.hidden}",
             unit="step",
             disable=not (ctx.is_main and opts.progress),
             dynamic_ncols=True,
@@ -578,7 +578,7 @@ class _Run:
         self.eval_loss, self.eval_acc = res["loss"], res["acc"]
         if done is not None:
             self.metrics.write({"kind": "eval", "step": done, "time": round(self.clock.train_time, 4), **res})
-            self.bar.write(f"{self.cfg.kind} step {done}: held-out loss {self.eval_loss:.4f}, acc {self.eval_acc:.4f}")
+            self.bar.write(f"{self.cfg.label} step {done}: held-out loss {self.eval_loss:.4f}, acc {self.eval_acc:.4f}")
 
     def _save(self, step: int) -> None:
         rngs = self.ctx.gather(checkpoint.rng_state(self.ctx.device))  # collective: every rank takes part
@@ -615,7 +615,7 @@ class _Run:
                         {"kind": "scaling", "step": self.opts.steps, "per_rank": per_rank, **(scaling or {})}
                     )
         return Result(
-            kind=self.cfg.kind,
+            kind=self.cfg.label,
             hidden=self.cfg.hidden,
             params=params,
             steps=self.opts.steps,

@@ -8,6 +8,7 @@ torch.nn.LSTM (`kind="lstm"`), all batch-first, so the two can be compared at eq
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -36,6 +37,14 @@ class ModelConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def label(self) -> str:
+        """The model's name in tables and logs: lltm, lstm (torch.nn.LSTM), or lltm[<cell>] for lltm's
+        layer of another cell."""
+        if self.kind != "lltm" or self.cell == "lltm":
+            return self.kind
+        return f"lltm[{os.path.basename(self.cell)}]"
 
 
 # the built-in cells' layers on lltm's kernels (other cells: lltm.cells.load(name).Layer)
