@@ -58,3 +58,41 @@ def test_verdict_leads_the_table():
     assert "on 1 of 2 rows (python, marked !)" in table
     python = next(line for line in table.splitlines() if line.strip().startswith("python!"))
     assert "0.0!" in python and "1.00" in python  # its Timer backward is marked, its speed-up over itself is 1
+
+
+def test_half_paths_footer_names_the_faster_and_the_ratio_to_it():
+    """A bfloat16 run on CUDA times nn.LSTM in both half precisions (cuDNN's bf16 path is several times
+    slower than its fp16 one); the footer says which is faster and holds the lltm rows to that one."""
+    host = {"python": (900.0, 900.0), "fused": (100.0, 200.0), "lstm": (1200.0, 1200.0), "lstm-fp16": (150.0, 250.0)}
+    timer = {k: v for k, v in host.items()}
+    rows = list(_rows(host, timer, peer="lstm").values())
+    for r in rows:
+        r.precision = {"lstm-fp16": "float16"}.get(r.name, "bfloat16")
+    meta = {
+        "seq": 100,
+        "batch_size": 16,
+        "features": 1,
+        "state_size": 1,
+        "dtype": "bfloat16",
+        "device": "cuda",
+        "device_name": "a GPU",
+        "torch": "x",
+        "date": "d",
+        "runs": 3,
+        "rounds": 1,
+        "gradients": "all",
+    }
+    table = report.format_table(rows, meta, {})
+    line = next(t for t in table.splitlines() if t.startswith("cuDNN's half paths"))
+    assert "lstm-fp16 (float16) 400.0 µs, lstm (bfloat16) 2400.0 µs: lstm-fp16 is faster by 6.00x" in line
+    assert "time / lstm-fp16: python 4.50, fused 0.75" in line
+
+
+def test_half_peer_rows_skip_with_their_reason():
+    import torch
+
+    from lltm.bench import cases
+
+    cfg = cases.Config(batch_size=2, features=3, state_size=4, device=torch.device("cpu"), dtype=torch.float32, seq=4)
+    with pytest.raises(cases.Skip, match="CUDA only"):
+        cases.seq_case("lstm-fp16", cfg)

@@ -30,6 +30,9 @@ ROWS: dict[str, str] = {
     "lstm-notf32": "nn.LSTM with torch.backends.cudnn.allow_tf32 = False (sequence mode, CUDA only)",
     "gru": "nn.GRU (cuDNN on GPU), same state size (sequence mode)",
     "gru-notf32": "nn.GRU with torch.backends.cudnn.allow_tf32 = False (sequence mode, CUDA only)",
+    "lstm-fp16": "nn.LSTM in float16 (cuDNN's fast half path) beside a bfloat16 run: the faster of cuDNN's two "
+    "half paths (sequence mode, CUDA, with --dtype bfloat16 or --autocast bfloat16)",
+    "gru-fp16": "nn.GRU in float16, likewise",
     "fused-tf32": "lltm.LLTM(backend='fused') with torch.backends.cuda.matmul.allow_tf32 = True: TF32 wherever "
     "the layer runs cuBLAS or the persistent kernels' tensor-core dot (sequence mode, float32 on CUDA only); "
     "compare with lstm, as lstm-notf32 with fused",
@@ -38,6 +41,8 @@ ROWS: dict[str, str] = {
 ALIASES = {"lstmcell": "lstm", "notf32": "lstm-notf32", "tf32": "fused-tf32"}
 CELL_DEFAULT = (*BACKEND_ROWS, "compile", "compile-ro", "lstm", "gemm")
 SEQ_DEFAULT = (*BACKEND_ROWS, "compile", "compile-ro", "lstm", "lstm-notf32", "fused-tf32")
+# nn.LSTM / nn.GRU in float16 whatever the run's dtype: cuDNN's fast half path
+HALF_PEERS = ("lstm-fp16", "gru-fp16")
 # Like with like on CUDA in float32 (each pair computes in the same precision):
 # (row, peer) for `lltm bench --seq`'s footer.
 LIKE_PAIRS = (("fused", "lstm-notf32"), ("fused-tf32", "lstm"))
@@ -153,10 +158,14 @@ def precision(name: str, cfg: Config) -> str:
     nn.LSTM by default, cuBLAS when matmul TF32 is allowed), "fp32" where
     every product is an fp32 FMA; other dtypes by name (fp32 accumulation)."""
     dtype = cfg.autocast or cfg.dtype
+    if name in HALF_PEERS:
+        return "float16"
     if dtype != torch.float32:
         return str(dtype).replace("torch.", "")
     if cfg.device.type != "cuda":
         return "fp32"
+    if name in HALF_PEERS:
+        return "float16"
     if name == "fused-tf32":
         return "TF32"
     if name in ("lstm-notf32", "gru-notf32"):
@@ -173,6 +182,10 @@ def _check_common(name: str, cfg: Config) -> None:
         raise Skip(f"backend {name!r} is not available on {cfg.device.type}")
     if name in ("compile-ro", "lstm-notf32", "gru-notf32", "fused-tf32") and not cuda:
         raise Skip("CUDA only")
+    if name in HALF_PEERS and not cuda:
+        raise Skip("CUDA only (cuDNN's half path)")
+    if name in HALF_PEERS and (cfg.autocast or cfg.dtype) != torch.bfloat16:
+        raise Skip("a peer of bfloat16 runs (--dtype bfloat16 or --autocast bfloat16); with float16 the lstm row is it")
     if name == "fused-tf32" and (cfg.dtype != torch.float32 or cfg.autocast is not None):
         raise Skip("float32 only (TF32 is a float32 setting)")
     if name == "fused-tf32" and not _backends.is_available("fused", cfg.device.type):
@@ -194,7 +207,7 @@ class _Random:
 def cell_case(name: str, cfg: Config) -> Case:
     """A row of the cell mode: one step, input (B, I), state (B, S)."""
     _check_common(name, cfg)
-    if name in ("lstm-notf32", "gru", "gru-notf32", "fused-tf32"):
+    if name in ("lstm-notf32", "gru", "gru-notf32", "fused-tf32", *HALF_PEERS):
         raise Skip("sequence mode only")
     B, I, S = cfg.batch_size, cfg.features, cfg.state_size
     rand = _Random(cfg)
@@ -281,6 +294,13 @@ def seq_case(name: str, cfg: Config) -> Case:
             return compiled(inp)
 
         note = f"torch.compile of lltm.{layer.__name__}(backend='python')" + (f", {mode}" if mode else "")
+    elif name in HALF_PEERS:  # float16 copies of the inputs, whatever the run's dtype
+        peer = nn.GRU if name.startswith("gru") else nn.LSTM
+        module = peer(I, S, device=cfg.device, dtype=torch.float16)
+        x = x.detach().to(torch.float16).requires_grad_(x.requires_grad)
+        grad_out = grad_out.to(torch.float16)
+        call = module
+        note = f"nn.{peer.__name__} in float16 (cuDNN's fast half path), same state size"
     else:  # lstm, lstm-notf32, gru, gru-notf32
         peer = nn.GRU if name.startswith("gru") else nn.LSTM
         module = peer(I, S, **factory)
@@ -315,7 +335,7 @@ def build(names: list[str], cfg: Config) -> tuple[list[Case], dict[str, str]]:
             skipped[name] = str(why)
             continue
         case.precision = precision(name, cfg)
-        if cfg.autocast is not None:
+        if cfg.autocast is not None and name not in HALF_PEERS:
             case = _within(case, lambda: torch.autocast(cfg.device.type, dtype=cfg.autocast), backward=False)
         cases.append(case)
     return cases, skipped

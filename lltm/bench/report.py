@@ -31,7 +31,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from lltm.bench.cases import LIKE_PAIRS, Case
+from lltm.bench.cases import HALF_PEERS, LIKE_PAIRS, Case
 from lltm.bench.timing import Measurement
 
 US = 1e6
@@ -226,6 +226,21 @@ def format_table(rows: list[Result], meta: dict, skipped: dict[str, str]) -> str
             ratio = _fmt(_ratio(sum(a.trusted_us()), sum(b.trusted_us())))
             pairs.append(f"{a.name} ({a.precision}) / {b.name} ({b.precision}) {ratio}")
         foot.append(f"like with like, f+b ({basis}): " + ", ".join(pairs))
+    for half_peer in HALF_PEERS:  # cuDNN's two half paths, and which the lltm rows should be held to
+        base = half_peer.removesuffix("-fp16")
+        if half_peer in by_name and base in by_name:
+            fp16, other = sum(by_name[half_peer].trusted_us()), sum(by_name[base].trusted_us())
+            fastest = half_peer if fp16 <= other else base
+            ratios = ", ".join(
+                f"{r.name} {_fmt(_ratio(sum(r.trusted_us()), min(fp16, other)))}"
+                for r in rows
+                if r.name in ("aten", "fused", "python", "compile", "compile-ro")
+            )
+            foot.append(
+                f"cuDNN's half paths, f+b ({basis}): {half_peer} (float16) {fp16:.1f} µs, {base} "
+                f"({by_name[base].precision}) {other:.1f} µs: {fastest} is faster by "
+                f"{_fmt(max(fp16, other) / max(min(fp16, other), 1e-9))}x; time / {fastest}: {ratios}"
+            )
     for r in rows:
         if r.clocks_disagree:
             foot.append(
