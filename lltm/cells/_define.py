@@ -39,7 +39,7 @@ _STATE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # The cells defined in this process, by name (their operators cannot be registered twice).
 _DEFINED: dict[str, "UserCell"] = {}
 # Bumped when the generated source's contract changes (part of the cache key).
-_SOURCE_VERSION = 1
+_SOURCE_VERSION = 2
 
 
 class CellCompileError(RuntimeError):
@@ -224,10 +224,7 @@ struct CellKernels<cells::user::{struct}> {{
 namespace {{
 using Cell = lltm::cells::user::{struct};
 
-void register_fused(torch::Library& m) {{
-  m.impl("fused_{name}_seq_forward", &lltm::cpu::forward_op<Cell>);
-  m.impl("fused_{name}_seq_backward", &lltm::cpu::backward_op<Cell>);
-}}
+void register_fused(torch::Library& m) {{ lltm::register_rnn_ops<lltm::cpu::FusedCpu, Cell>(m); }}
 }}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lltm, m) {{
@@ -235,10 +232,7 @@ TORCH_LIBRARY_FRAGMENT(lltm, m) {{
   lltm::define_rnn_ops(m, "aten", "{name}");
 }}
 
-TORCH_LIBRARY_IMPL(lltm, CompositeExplicitAutograd, m) {{
-  m.impl("aten_{name}_seq_forward", &lltm::aten_rnn::forward_op<Cell>);
-  m.impl("aten_{name}_seq_backward", &lltm::aten_rnn::backward_op<Cell>);
-}}
+TORCH_LIBRARY_IMPL(lltm, CompositeExplicitAutograd, m) {{ lltm::register_rnn_ops<lltm::aten_rnn::Aten, Cell>(m); }}
 
 LLTM_REGISTER_CPU_KERNELS(register_fused)
 """

@@ -13,10 +13,7 @@ TORCH_LIBRARY_IMPL(lltm, CompositeExplicitAutograd, m) {
   lltm::cells::for_each_cell([&](auto cell) {
     using Cell = decltype(cell);
     if constexpr (!std::is_same_v<Cell, lltm::cells::LLTM>) {
-      m.impl(lltm::rnn_op_name("aten", Cell::kName, "seq_forward").substr(6).c_str(),
-             &lltm::aten_rnn::forward_op<Cell>);
-      m.impl(lltm::rnn_op_name("aten", Cell::kName, "seq_backward").substr(6).c_str(),
-             &lltm::aten_rnn::backward_op<Cell>);
+      lltm::register_rnn_ops<lltm::aten_rnn::Aten, Cell>(m);
     }
   });
 }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "../rnn.h"
+#include "../rnn_ops.h"
 #include "tensor_math.h"
 
 namespace lltm {
@@ -161,33 +162,19 @@ void backward(const RnnArgs& a, const RnnBackwardArgs& from, RnnGradients& grads
   rnn_parameter_gradients(a, from.output, dzx_all, dzh_all, grads);
 }
 
-template <typename Cell>
-RnnForwardResult forward_op(const at::Tensor& input, const at::Tensor& weight_ih, const at::Tensor& weight_hh,
-                            const OptTensor& bias_ih, const OptTensor& bias_hh, at::TensorList state,
-                            const OptTensor& lengths) {
-  static const std::string op = rnn_op_name("aten", Cell::kName, "seq_forward");
-  check_rnn_forward_args(op.c_str(), shape_of<Cell>(), input, weight_ih, weight_hh, bias_ih, bias_hh, state,
-                         lengths);
-  const RnnArgs args = rnn_args(input, weight_ih, weight_hh, bias_ih, bias_hh, state, lengths);
-  auto result = allocate_forward(shape_of<Cell>(), args);
-  auto& [output, state_n, saved] = result;
-  forward<Cell>(args, output, state_n, saved);
-  return result;
-}
-
-template <typename Cell>
-RnnBackwardResult backward_op(const OptTensor& grad_output, const OptTensorList& grad_state_n,
-                              const at::Tensor& input, const at::Tensor& weight_ih,
-                              const at::Tensor& weight_hh, at::TensorList state, const at::Tensor& output,
-                              const at::Tensor& saved, const OptTensor& lengths, RnnOutputMask output_mask) {
-  static const std::string op = rnn_op_name("aten", Cell::kName, "seq_backward");
-  check_rnn_backward_args(op.c_str(), shape_of<Cell>(), grad_output, grad_state_n, input, weight_ih,
-                          weight_hh, state, output, saved, lengths);
-  const RnnArgs args = rnn_args(input, weight_ih, weight_hh, std::nullopt, std::nullopt, state, lengths);
-  RnnGradients grads = allocate_gradients(args, output_mask);
-  backward<Cell>(args, rnn_backward_args(grad_output, grad_state_n, output, saved), grads);
-  return gradients_result(args, std::move(grads));
-}
+// The ATen backend as rnn_ops.h takes it.
+struct Aten : NoGuard {
+  static constexpr const char* kName = "aten";
+  template <typename Cell>
+  static void forward(const RnnArgs& a, at::Tensor& output, std::vector<at::Tensor>& state_n,
+                      at::Tensor& saved) {
+    aten_rnn::forward<Cell>(a, output, state_n, saved);
+  }
+  template <typename Cell>
+  static void backward(const RnnArgs& a, const RnnBackwardArgs& from, RnnGradients& grads) {
+    aten_rnn::backward<Cell>(a, from, grads);
+  }
+};
 
 }  // namespace aten_rnn
 }  // namespace lltm

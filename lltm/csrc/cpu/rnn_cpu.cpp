@@ -129,8 +129,7 @@ void register_seq(torch::Library& m) {
   cells::for_each_cell([&](auto cell) {
     using Cell = decltype(cell);
     if constexpr (!std::is_same_v<Cell, cells::LLTM>) {
-      m.impl(rnn_op_name("fused", Cell::kName, "seq_forward").substr(6).c_str(), &forward_op<Cell>);
-      m.impl(rnn_op_name("fused", Cell::kName, "seq_backward").substr(6).c_str(), &backward_op<Cell>);
+      register_rnn_ops<FusedCpu, Cell>(m);
     }
   });
 }

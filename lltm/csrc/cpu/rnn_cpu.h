@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../rnn.h"
+#include "../rnn_ops.h"
 #include "common.h"
 #include "kernels.h"
 
@@ -295,35 +296,19 @@ void rnn_backward(const RnnArgs& a, const RnnBackwardArgs& from, RnnGradients& g
 
 // ------------------------------------------------------------ the operators
 
-template <typename Cell>
-RnnForwardResult forward_op(const at::Tensor& input, const at::Tensor& weight_ih, const at::Tensor& weight_hh,
-                            const OptTensor& bias_ih, const OptTensor& bias_hh, at::TensorList state,
-                            const OptTensor& lengths) {
-  static const std::string op = rnn_op_name("fused", Cell::kName, "seq_forward");
-  check_rnn_forward_args(op.c_str(), shape_of<Cell>(), input, weight_ih, weight_hh, bias_ih, bias_hh, state,
-                         lengths);
-  const RnnArgs args = rnn_args(input, weight_ih, weight_hh, bias_ih, bias_hh, state, lengths);
-  auto result = allocate_forward(shape_of<Cell>(), args);
-  auto& [output, state_n, saved] = result;
-  rnn_forward<Cell>(args, output, state_n, saved);
-  return result;
-}
-
-template <typename Cell>
-RnnBackwardResult backward_op(const OptTensor& grad_output, const OptTensorList& grad_state_n,
-                              const at::Tensor& input, const at::Tensor& weight_ih,
-                              const at::Tensor& weight_hh, at::TensorList state, const at::Tensor& output,
-                              const at::Tensor& saved, const OptTensor& lengths, RnnOutputMask output_mask) {
-  static const std::string op = rnn_op_name("fused", Cell::kName, "seq_backward");
-  check_rnn_backward_args(op.c_str(), shape_of<Cell>(), grad_output, grad_state_n, input, weight_ih,
-                          weight_hh, state, output, saved, lengths);
-  const RnnArgs args = rnn_args(input, weight_ih, weight_hh, std::nullopt, std::nullopt, state, lengths);
-  RnnGradients grads = allocate_gradients(args, output_mask);
-  if (std::any_of(output_mask.begin(), output_mask.end(), [](bool b) { return b; })) {
-    rnn_backward<Cell>(args, rnn_backward_args(grad_output, grad_state_n, output, saved), grads);
+// The fused CPU backend as rnn_ops.h takes it.
+struct FusedCpu : NoGuard {
+  static constexpr const char* kName = "fused";
+  template <typename Cell>
+  static void forward(const RnnArgs& a, at::Tensor& output, std::vector<at::Tensor>& state_n,
+                      at::Tensor& saved) {
+    rnn_forward<Cell>(a, output, state_n, saved);
   }
-  return gradients_result(args, std::move(grads));
-}
+  template <typename Cell>
+  static void backward(const RnnArgs& a, const RnnBackwardArgs& from, RnnGradients& grads) {
+    rnn_backward<Cell>(a, from, grads);
+  }
+};
 
 }  // namespace cpu
 }  // namespace lltm

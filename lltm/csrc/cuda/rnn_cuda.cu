@@ -36,6 +36,7 @@
 
 #include "../lltm.h"
 #include "../rnn.h"
+#include "../rnn_ops.h"
 #include "blas.h"
 #include "guard.h"
 #include "launch_utils.h"
@@ -421,37 +422,20 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
 
 namespace {
 
-template <typename Cell>
-RnnForwardResult forward_op(const at::Tensor& input, const at::Tensor& weight_ih, const at::Tensor& weight_hh,
-                            const OptTensor& bias_ih, const OptTensor& bias_hh, at::TensorList state,
-                            const OptTensor& lengths) {
-  static const std::string op = rnn_op_name("fused", Cell::kName, "seq_forward");
-  check_rnn_forward_args(op.c_str(), shape_of<Cell>(), input, weight_ih, weight_hh, bias_ih, bias_hh, state,
-                         lengths);
-  const auto device_guard = cuda_guard(op.c_str(), input);
-  const RnnArgs args = rnn_args(input, weight_ih, weight_hh, bias_ih, bias_hh, state, lengths);
-  auto result = allocate_forward(shape_of<Cell>(), args);
-  auto& [output, state_n, saved] = result;
-  fused_rnn_forward_cuda<Cell>(args, output, state_n, saved);
-  return result;
-}
-
-template <typename Cell>
-RnnBackwardResult backward_op(const OptTensor& grad_output, const OptTensorList& grad_state_n,
-                              const at::Tensor& input, const at::Tensor& weight_ih,
-                              const at::Tensor& weight_hh, at::TensorList state, const at::Tensor& output,
-                              const at::Tensor& saved, const OptTensor& lengths, RnnOutputMask output_mask) {
-  static const std::string op = rnn_op_name("fused", Cell::kName, "seq_backward");
-  check_rnn_backward_args(op.c_str(), shape_of<Cell>(), grad_output, grad_state_n, input, weight_ih,
-                          weight_hh, state, output, saved, lengths);
-  const auto device_guard = cuda_guard(op.c_str(), input);
-  const RnnArgs args = rnn_args(input, weight_ih, weight_hh, std::nullopt, std::nullopt, state, lengths);
-  RnnGradients grads = allocate_gradients(args, output_mask);
-  if (std::any_of(output_mask.begin(), output_mask.end(), [](bool b) { return b; })) {
-    fused_rnn_backward_cuda<Cell>(args, rnn_backward_args(grad_output, grad_state_n, output, saved), grads);
+// The fused CUDA backend as rnn_ops.h takes it: the input's device selected while the layer runs.
+struct FusedCuda {
+  static constexpr const char* kName = "fused";
+  static c10::cuda::CUDAGuard guard(const char* op, const at::Tensor& input) { return cuda_guard(op, input); }
+  template <typename Cell>
+  static void forward(const RnnArgs& a, at::Tensor& output, std::vector<at::Tensor>& state_n,
+                      at::Tensor& saved) {
+    fused_rnn_forward_cuda<Cell>(a, output, state_n, saved);
   }
-  return gradients_result(args, std::move(grads));
-}
+  template <typename Cell>
+  static void backward(const RnnArgs& a, const RnnBackwardArgs& from, RnnGradients& grads) {
+    fused_rnn_backward_cuda<Cell>(a, from, grads);
+  }
+};
 
 constexpr const char* kLltmForward = "lltm::fused_seq_forward";
 constexpr const char* kLltmBackward = "lltm::fused_seq_backward";
@@ -540,10 +524,7 @@ TORCH_LIBRARY_IMPL(lltm, CUDA, m) {
   lltm::cells::for_each_cell([&](auto cell) {
     using Cell = decltype(cell);
     if constexpr (!std::is_same_v<Cell, lltm::cells::LLTM>) {
-      m.impl(lltm::rnn_op_name("fused", Cell::kName, "seq_forward").substr(6).c_str(),
-             &lltm::forward_op<Cell>);
-      m.impl(lltm::rnn_op_name("fused", Cell::kName, "seq_backward").substr(6).c_str(),
-             &lltm::backward_op<Cell>);
+      lltm::register_rnn_ops<lltm::FusedCuda, Cell>(m);
     }
   });
 }
