@@ -432,6 +432,25 @@ class _TorchLayers(_Layers):
     bias_ih_l{k}{suffix}, bias_hh_l{k}{suffix} (G S,), initialised uniformly in
     ±1/sqrt(hidden_size), so state_dicts load both ways."""
 
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        device: Optional[torch.device] = None,
+        dtype: Optional[torch.dtype] = None,
+        *,
+        backend: str = "auto",
+    ) -> None:
+        """torch.nn.GRU's constructor (LSTM adds proj_size)."""
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self._make(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, backend, factory)
+
     def _make(self, input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, backend, factory):
         check_size(self._op, "input_size", input_size, 0)
         check_size(self._op, "hidden_size", hidden_size, 1)
@@ -504,14 +523,12 @@ class LSTM(_TorchLayers):
         *,
         backend: str = "auto",
     ) -> None:
-        super().__init__()
         if proj_size != 0:
             raise ValueError(
                 f"{self._op}: proj_size={proj_size} is not supported (LSTM with projections); use torch.nn.LSTM "
                 "for it, or a Linear layer on the output"
             )
-        self.proj_size = 0
-        self._make(
+        super().__init__(
             input_size,
             hidden_size,
             num_layers,
@@ -519,9 +536,11 @@ class LSTM(_TorchLayers):
             batch_first,
             dropout,
             bidirectional,
-            backend,
-            {"device": device, "dtype": dtype},
+            device,
+            dtype,
+            backend=backend,
         )
+        self.proj_size = 0
 
     def forward(
         self, input: Union[Tensor, PackedSequence], hx: Optional[State] = None
@@ -544,33 +563,6 @@ class GRU(_TorchLayers):
 
     _op = "lltm.GRU"
     _cell = cells.GRU
-
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        bias: bool = True,
-        batch_first: bool = False,
-        dropout: float = 0.0,
-        bidirectional: bool = False,
-        device: Optional[torch.device] = None,
-        dtype: Optional[torch.dtype] = None,
-        *,
-        backend: str = "auto",
-    ) -> None:
-        super().__init__()
-        self._make(
-            input_size,
-            hidden_size,
-            num_layers,
-            bias,
-            batch_first,
-            dropout,
-            bidirectional,
-            backend,
-            {"device": device, "dtype": dtype},
-        )
 
     def forward(
         self, input: Union[Tensor, PackedSequence], hx: Optional[Tensor] = None
@@ -708,24 +700,6 @@ class _UserLayers(_TorchLayers):
     bidirectional=False, device=None, dtype=None, *, backend="auto"), torch's parameter names and
     init; forward(input, hx=None) -> (output, h_n) for a cell of one state (as torch.nn.GRU), else
     (output, (h_n, ...)), one tensor (num_layers * D, B, S) per state."""
-
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        bias: bool = True,
-        batch_first: bool = False,
-        dropout: float = 0.0,
-        bidirectional: bool = False,
-        device: Optional[torch.device] = None,
-        dtype: Optional[torch.dtype] = None,
-        *,
-        backend: str = "auto",
-    ) -> None:
-        super().__init__()
-        factory = {"device": device, "dtype": dtype}
-        self._make(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, backend, factory)
 
     def forward(self, input: Union[Tensor, PackedSequence], hx: Any = None) -> tuple[Any, Any]:
         output, finals, _ = self._run(input, _states_arg(self._op, self._cell, hx, self._state_layout))
