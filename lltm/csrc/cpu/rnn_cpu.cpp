@@ -48,84 +48,9 @@
 namespace lltm {
 namespace cpu {
 namespace {
-constexpr const char* kLltmForward = "lltm::fused_seq_forward";
-constexpr const char* kLltmBackward = "lltm::fused_seq_backward";
-
-// LLTM's weights (3S, S + I) are [W_hh | W_ih]: the generic code reads the two column blocks in place.
-RnnArgs lltm_args(const at::Tensor& input, const at::Tensor& weights, const std::optional<at::Tensor>& bias,
-                  const at::Tensor& h0, const at::Tensor& c0, const std::optional<at::Tensor>& lengths) {
-  const int64_t S = weights.size(0) / 3, I = input.size(2);
-  RnnArgs a;
-  a.input = input;
-  a.w_hh = weights.narrow(1, 0, S);
-  a.w_ih = weights.narrow(1, S, I);
-  a.b_ih = bias.has_value() ? *bias : at::Tensor();
-  a.state = {h0, c0};
-  a.lengths = lengths.has_value() ? *lengths : at::Tensor();
-  return a;
-}
-
-SeqForwardResult fused_seq_forward_cpu(const at::Tensor& input,                   // (T, B, I)
-                                       const at::Tensor& weights,                 // (3S, S + I)
-                                       const std::optional<at::Tensor>& bias,     // (3S,)
-                                       const at::Tensor& h0,                      // (B, S)
-                                       const at::Tensor& c0,                      // (B, S)
-                                       const std::optional<at::Tensor>& lengths)  // (B,) int64
-{
-  check_seq_forward_args(kLltmForward, input, weights, bias, h0, c0, lengths);
-  const RnnArgs args = lltm_args(input, weights, bias, h0, c0, lengths);
-  auto [output, state_n, gates] = allocate_forward(shape_of<cells::LLTM>(), args);
-  rnn_forward<cells::LLTM>(args, output, state_n, gates);
-  return {output, state_n[0], state_n[1], gates};
-}
-
-SeqBackwardResult fused_seq_backward_cpu(const std::optional<at::Tensor>& grad_output,  // (T, B, S)
-                                         const std::optional<at::Tensor>& grad_h_n,     // (B, S)
-                                         const std::optional<at::Tensor>& grad_c_n,     // (B, S)
-                                         const at::Tensor& input,                       // (T, B, I)
-                                         const at::Tensor& weights,                     // (3S, S + I)
-                                         const at::Tensor& h0,                          // (B, S)
-                                         const at::Tensor& c0,                          // (B, S)
-                                         const at::Tensor& output,                      // (T, B, S)
-                                         const at::Tensor& gates,                       // (T, B, 3S)
-                                         const std::optional<at::Tensor>& lengths,      // (B,) int64
-                                         OutputMask output_mask) {
-  check_seq_backward_args(kLltmBackward, grad_output, grad_h_n, grad_c_n, input, weights, h0, c0, output,
-                          gates, lengths);
-  const int64_t S = weights.size(0) / 3, I = input.size(2);
-  const AskedGradients asked(output_mask, input.options());
-  at::Tensor grad_input = asked.allocate(asked.input, input.sizes());
-  at::Tensor grad_weights = asked.allocate(asked.weights, weights.sizes());
-  at::Tensor grad_bias = asked.allocate(asked.bias, {3 * S});
-  at::Tensor grad_h0 = asked.allocate(asked.h, h0.sizes());
-  at::Tensor grad_c0 = asked.allocate(asked.c, c0.sizes());
-  if (!asked.any()) return {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
-  const RnnArgs args = lltm_args(input, weights, std::nullopt, h0, c0, lengths);
-  RnnGradients grads;
-  if (asked.input) grads.input = grad_input;
-  if (asked.weights) {
-    grads.w_hh = grad_weights.narrow(1, 0, S);
-    grads.w_ih = grad_weights.narrow(1, S, I);
-  }
-  if (asked.bias) grads.b_ih = grad_bias;
-  // The initial states' gradients come as a pair (the backward computes both at once).
-  if (asked.h || asked.c) {
-    grads.state = {asked.h ? grad_h0 : at::empty(h0.sizes(), input.options()),
-                   asked.c ? grad_c0 : at::empty(c0.sizes(), input.options())};
-  }
-  RnnBackwardArgs from;
-  from.grad_output = grad_output.has_value() ? *grad_output : at::Tensor();
-  from.grad_state = {grad_h_n.has_value() ? *grad_h_n : at::Tensor(),
-                     grad_c_n.has_value() ? *grad_c_n : at::Tensor()};
-  from.output = output;
-  from.saved = gates;
-  rnn_backward<cells::LLTM>(args, from, grads);
-  return {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
-}
-
 void register_seq(torch::Library& m) {
-  m.impl("fused_seq_forward", &fused_seq_forward_cpu);
-  m.impl("fused_seq_backward", &fused_seq_backward_cpu);
+  m.impl("fused_seq_forward", &lltm_seq_forward_op<FusedCpu>);
+  m.impl("fused_seq_backward", &lltm_seq_backward_op<FusedCpu>);
   cells::for_each_cell([&](auto cell) {
     using Cell = decltype(cell);
     if constexpr (!std::is_same_v<Cell, cells::LLTM>) {

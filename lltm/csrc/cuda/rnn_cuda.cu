@@ -437,34 +437,12 @@ struct FusedCuda {
   }
 };
 
-constexpr const char* kLltmForward = "lltm::fused_seq_forward";
-constexpr const char* kLltmBackward = "lltm::fused_seq_backward";
-
-// LLTM's weights (3S, S + I) are [W_hh | W_ih]: the generic code reads the two column blocks in place.
-RnnArgs lltm_args(const at::Tensor& input, const at::Tensor& weights, const std::optional<at::Tensor>& bias,
-                  const at::Tensor& h0, const at::Tensor& c0, const std::optional<at::Tensor>& lengths) {
-  const int64_t S = weights.size(0) / 3, I = input.size(2);
-  RnnArgs a;
-  a.input = input;
-  a.w_hh = weights.narrow(1, 0, S);
-  a.w_ih = weights.narrow(1, S, I);
-  a.b_ih = bias.has_value() ? *bias : at::Tensor();
-  a.state = {h0, c0};
-  a.lengths = lengths.has_value() ? *lengths : at::Tensor();
-  return a;
-}
-
 }  // namespace
 
 SeqForwardResult fused_seq_forward_cuda(const at::Tensor& input, const at::Tensor& weights,
                                         const std::optional<at::Tensor>& bias, const at::Tensor& h0,
                                         const at::Tensor& c0, const std::optional<at::Tensor>& lengths) {
-  check_seq_forward_args(kLltmForward, input, weights, bias, h0, c0, lengths);
-  const auto device_guard = cuda_guard(kLltmForward, input);
-  const RnnArgs args = lltm_args(input, weights, bias, h0, c0, lengths);
-  auto [output, state_n, gates] = allocate_forward(shape_of<cells::LLTM>(), args);
-  fused_rnn_forward_cuda<cells::LLTM>(args, output, state_n, gates);
-  return {output, state_n[0], state_n[1], gates};
+  return lltm_seq_forward_op<FusedCuda>(input, weights, bias, h0, c0, lengths);
 }
 
 SeqBackwardResult fused_seq_backward_cuda(const std::optional<at::Tensor>& grad_output,
@@ -474,37 +452,8 @@ SeqBackwardResult fused_seq_backward_cuda(const std::optional<at::Tensor>& grad_
                                           const at::Tensor& c0, const at::Tensor& output,
                                           const at::Tensor& gates, const std::optional<at::Tensor>& lengths,
                                           OutputMask output_mask) {
-  check_seq_backward_args(kLltmBackward, grad_output, grad_h_n, grad_c_n, input, weights, h0, c0, output,
-                          gates, lengths);
-  const auto device_guard = cuda_guard(kLltmBackward, input);
-  const int64_t S = weights.size(0) / 3, I = input.size(2);
-  const AskedGradients asked(output_mask, input.options());
-  at::Tensor grad_input = asked.allocate(asked.input, input.sizes());
-  at::Tensor grad_weights = asked.allocate(asked.weights, weights.sizes());
-  at::Tensor grad_bias = asked.allocate(asked.bias, {3 * S});
-  at::Tensor grad_h0 = asked.allocate(asked.h, h0.sizes());
-  at::Tensor grad_c0 = asked.allocate(asked.c, c0.sizes());
-  if (!asked.any()) return {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
-  const RnnArgs args = lltm_args(input, weights, std::nullopt, h0, c0, lengths);
-  RnnGradients grads;
-  if (asked.input) grads.input = grad_input;
-  if (asked.weights) {
-    grads.w_hh = grad_weights.narrow(1, 0, S);
-    grads.w_ih = grad_weights.narrow(1, S, I);
-  }
-  if (asked.bias) grads.b_ih = grad_bias;
-  // The initial states' gradients come as a pair (the backward computes both at once).
-  at::Tensor gh0 = asked.h ? grad_h0 : at::empty(h0.sizes(), input.options());
-  at::Tensor gc0 = asked.c ? grad_c0 : at::empty(c0.sizes(), input.options());
-  if (asked.h || asked.c) grads.state = {gh0, gc0};
-  RnnBackwardArgs from;
-  from.grad_output = grad_output.has_value() ? *grad_output : at::Tensor();
-  from.grad_state = {grad_h_n.has_value() ? *grad_h_n : at::Tensor(),
-                     grad_c_n.has_value() ? *grad_c_n : at::Tensor()};
-  from.output = output;
-  from.saved = gates;
-  fused_rnn_backward_cuda<cells::LLTM>(args, from, grads);
-  return {grad_input, grad_weights, grad_bias, grad_h0, grad_c0};
+  return lltm_seq_backward_op<FusedCuda>(grad_output, grad_h_n, grad_c_n, input, weights, h0, c0, output,
+                                         gates, lengths, output_mask);
 }
 
 at::Tensor seq_cells_cuda(const at::Tensor& c0, const at::Tensor& gates) {
