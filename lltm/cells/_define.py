@@ -21,7 +21,7 @@ import logging
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -59,7 +59,6 @@ class UserCell(Cell):
 
     step: Optional[Callable[..., Sequence[Tensor]]] = None
     source: str = ""
-    bodies: dict = field(default_factory=dict)
     built: bool = False
 
     @property
@@ -388,8 +387,7 @@ def define(
         raise ValueError(f"{op}: gate_names has {len(gate_names)} names for {gates} gates")
     old_read = _mask(name, "reads_old", reads_old, states)
     new_read = _mask(name, "reads_new", reads_new, states)
-    bodies = {"forward": forward, "backward": backward, "recompute": recompute}
-    for part, text in bodies.items():
+    for part, text in (("forward", forward), ("backward", backward), ("recompute", recompute)):
         if text is not None and (not isinstance(text, str) or not text.strip()):
             raise TypeError(f"{op}: {part} must be a non-empty string of C++ statements")
     capability = _capability() if build else "none"
@@ -417,7 +415,6 @@ def define(
         gate_names=tuple(gate_names),
         step=reference,
         source=source,
-        bodies=bodies,
         built=build,
     )
     if build:
