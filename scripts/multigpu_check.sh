@@ -106,7 +106,7 @@ JSON=$OUT/scaling.jsonl
 : >"$JSON"
 SCALE_ARGS=(--hidden 512,1024 --seq-len 128 --per-rank-batch 64,256 --global-batch 1024 --json "$JSON"
   --warmup 5 --steps 20 --phase-steps 5)
-VARIANTS="default;bucket_cap_mb=1;bucket_cap_mb=100;gradient_as_bucket_view;static_graph;accumulate=4"
+VARIANTS="default;bucket_cap_mb=1;bucket_cap_mb=100;gradient_as_bucket_view;static_graph;rebuilt_buckets;accumulate=4"
 run_stage scaling_1 "${SCALING_LIMIT:-90}" env CUDA_VISIBLE_DEVICES=0 \
   "$PYTHON" -m lltm.bench.ddp_scaling run --device cuda "${SCALE_ARGS[@]}"
 two_variants=()

@@ -15,7 +15,7 @@ from lltm.bench import ddp_scaling
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--device", "cpu", "--hidden", "8", "--seq-len", "4", "--per-rank-batch", "2,4", "--global-batch", "8"]
 TINY += ["--steps", "2", "--warmup", "1", "--phase-steps", "1"]
-VARIANTS = "default;bucket_cap_mb=1;gradient_as_bucket_view;static_graph;accumulate=2"
+VARIANTS = "default;bucket_cap_mb=1;gradient_as_bucket_view;static_graph;rebuilt_buckets;accumulate=2"
 
 
 def _records(path) -> list[dict]:
@@ -46,6 +46,7 @@ def test_runs_on_one_and_two_ranks(tmp_path, torch_settings):
         (2, 4, "bucket_cap_mb=1"),
         (2, 4, "gradient_as_bucket_view"),
         (2, 4, "static_graph"),
+        (2, 4, "rebuilt_buckets"),
         (2, 4, "accumulate=2"),
     ]
     for r in two:

@@ -6,7 +6,7 @@ Run once per rank count (each run appends one JSON line per measurement), then m
     python -m lltm.bench.ddp_scaling run --json S.jsonl                                # 1 rank
     torchrun --standalone --nproc_per_node 2 -m lltm.bench.ddp_scaling run --json S.jsonl
     torchrun --standalone --nproc_per_node 4 -m lltm.bench.ddp_scaling run --json S.jsonl \\
-        --variants "default;bucket_cap_mb=1;bucket_cap_mb=100;gradient_as_bucket_view;static_graph;accumulate=4"
+        --variants "default;bucket_cap_mb=1;gradient_as_bucket_view;static_graph;rebuilt_buckets;accumulate=4"
     python -m lltm.bench.ddp_scaling table S.jsonl
 
 What a run measures, for each hidden size and each per-rank batch (--per-rank-batch, the weak
@@ -69,12 +69,14 @@ STATIC_NO_SYNC = (
     "static_graph with accumulate > 1: DDP's static graph fails an internal assert in torch's reducer when its "
     "first backward runs under no_sync (torch 2.13)"
 )
-VARIANT_KEYS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "accumulate")
+VARIANT_KEYS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "rebuilt_buckets", "accumulate")
 
 
 def parse_variant(text: str) -> dict[str, Any]:
     """'default', or '+'-joined settings: bucket_cap_mb=1, gradient_as_bucket_view, static_graph,
-    accumulate=4 (gradient accumulation: that many micro-batches per step, all but the last in no_sync)."""
+    rebuilt_buckets (DDP's own bucket layout, rebuilt after the first step, instead of lltm train's
+    fixed one: ddp.fix_bucket_layout), accumulate=4 (gradient accumulation: that many micro-batches
+    per step, all but the last in no_sync)."""
     out: dict[str, Any] = {}
     if text.strip() == "default":
         return out
@@ -147,7 +149,10 @@ def measure(ctx: ddp.Context, *, hidden: int, rows: int, seq_len: int, variant: 
     if rows % accumulate:
         raise ValueError(f"accumulate={accumulate} does not divide {rows} rows")
     ctx.ddp = ddp.DDPOptions(
-        variant.get("bucket_cap_mb"), variant.get("gradient_as_bucket_view", False), variant.get("static_graph", False)
+        variant.get("bucket_cap_mb"),
+        variant.get("gradient_as_bucket_view", False),
+        variant.get("static_graph", False),
+        fixed_buckets=not variant.get("rebuilt_buckets", False),
     )
     cfg = ModelConfig("lltm", VOCAB, VOCAB, hidden, 1, EMBED, True, "all")
     opts = Options(backend=args.backend, bf16=args.dtype == "bfloat16", accumulate=accumulate, progress=False)

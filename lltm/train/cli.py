@@ -176,8 +176,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--static-graph",
         action="store_true",
-        help="DDP: the set of parameters used is the same every step (lets DDP skip the search for unused "
-        "ones and fix the bucket order after the first step)",
+        help="DDP: the set of parameters used is the same every step (lets DDP skip the search for unused ones)",
     )
     g.add_argument(
         "--scaling-probe",

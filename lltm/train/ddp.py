@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-__all__ = ["Context", "DDPOptions", "Watchdog", "setup", "teardown", "world_from_env"]
+__all__ = ["Context", "DDPOptions", "Watchdog", "fix_bucket_layout", "setup", "teardown", "world_from_env"]
 
 # The process group's timeout is the watchdog's plus this: the watchdog speaks first.
 BACKSTOP_S = 30.0
@@ -40,6 +40,10 @@ class DDPOptions:
     bucket_cap_mb: Optional[float] = None  # None: torch's default (25 MB)
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    # The buckets laid out once, at construction, in the parameters' order (see Context.wrap).
+    # False: DDP's own behaviour, a layout rebuilt after the first step from the order in which
+    # the gradients arrived.
+    fixed_buckets: bool = True
 
     def kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {
@@ -152,12 +156,39 @@ class Context:
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids, **self.ddp.kwargs())
+        net = DistributedDataParallel(model, device_ids=ids, **self.ddp.kwargs())
+        if self.ddp.fixed_buckets:
+            fix_bucket_layout(net)
+        return net
 
     @staticmethod
     def no_sync(net: nn.Module):
         """net.no_sync() for a DDP module (gradients accumulate locally, no all-reduce), else nothing."""
         return net.no_sync() if hasattr(net, "no_sync") else contextlib.nullcontext()
+
+
+def fix_bucket_layout(net: nn.Module) -> None:
+    """Lay out DDP's gradient buckets now, for the whole run, in the parameters' order.
+
+    DDP rebuilds its buckets once, after the first step, in the order the gradients arrived
+    in that step's backward. A run resumed from a checkpoint takes its first step with the
+    initial layout, where the straight run had the rebuilt one: each gradient element sits at
+    another offset of its bucket, a ring all-reduce adds the ranks' values for it in another
+    order, and with more than 2 ranks the sums differ in the last bit (2 ranks add a + b either
+    way). With the layout fixed before the first step, a fresh and a resumed run reduce
+    alike, step for step, and resume bit-identically. This is the pair of calls DDP's own Join
+    hook makes (push every parameter for the rebuild, then rebuild); every rank makes it
+    here, at the same point, since the rebuild agrees on the layout through a collective.
+    The order costs no overlap worth having here: one recurrent layer's gradients all arrive
+    at the end of its backward.
+    """
+    reducer = getattr(net, "reducer", None)
+    push = getattr(reducer, "_push_all_rebuilt_params", None)
+    rebuild = getattr(reducer, "_rebuild_buckets", None)
+    if push is None or rebuild is None:  # a torch without them: DDP's own layout
+        return
+    push()
+    rebuild()
 
 
 def world_from_env() -> tuple[int, int, int]:
