@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.utils.cpp_extension
 
 import lltm
 from lltm import cells
@@ -86,6 +87,7 @@ def test_check_names_the_wrong_gradient():
         backward=wrong,
         reference=mgu.reference,
         gate_names=("f", "n"),
+        build="cpu",  # checked on the CPU: no CUDA kernels needed
     )
     report = cells.check(bad, backends=("fused",))
     assert not report.ok
@@ -108,6 +110,7 @@ def test_compile_error_shows_the_users_lines():
             forward="next[0] = M::tanh(zx[0] + zh[0]);\nsaved[0] = nxt[0];",
             backward="dzx[0] = dnext[0];\nds[0] = T(0.0);",
             reference=lambda zx, zh, s: (torch.tanh(zx[0] + zh[0]),),
+            build="cpu",  # the host compiler's messages (nvcc's: test_cuda_compile_error_shows_the_users_lines)
         )
     message = str(info.value)
     assert "typo.forward:2" in message and "nxt" in message
@@ -260,13 +263,185 @@ def test_compile_and_export(mgu):
     assert any("fused_mgu_seq_forward" in str(n.target) for n in program.graph.nodes)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_cuda_runs_the_aten_backend(mgu):
-    layer = mgu.Layer(3, 5).cuda()
-    out, _ = layer(torch.randn(4, 2, 3, device="cuda"))
-    assert out.device.type == "cuda"
-    report = cells.check(mgu, device="cuda")
+# ---------------------------------------------------------------- CUDA
+# The generator is checked everywhere (text only); the kernels where a GPU and nvcc are there.
+
+
+def test_cuda_sources_are_generated():
+    """define() writes the cell's CUDA files (without compiling them here): the same cell struct
+    as the CPU source, includes that resolve, the persistent kernels split by direction and dtype."""
+    mgu = _example("mgu")
+    cell = cells.define(
+        "mgu_text",
+        gates=2,
+        states=("h",),
+        saved=3,
+        split=True,
+        forward=mgu.FORWARD,
+        backward=mgu.BACKWARD,
+        reference=mgu.reference,
+        build=False,
+    )
+    files = cell.cuda_sources
+    dtypes = ("double", "float", "half", "bfloat16")
+    persistent = {f"mgu_text_persistent_{d}_{t}.cu" for d in ("forward", "backward") for t in dtypes}
+    assert set(files) == {"mgu_text_cell.cuh", "mgu_text_cuda.cu"} | persistent
+    assert cell.cuda_arch is None
+    struct = files["mgu_text_cell.cuh"].split('#include "cells/cell.h"\n\n', 1)[1]
+    assert struct in cell.source  # one cell for every file of the library (one definition)
+    csrc = ROOT / "lltm" / "csrc"
+    for name, text in files.items():
+        assert text.count("{") == text.count("}") and text.count("(") == text.count(")"), name
+        for include in re.findall(r'#include "([^"]+)"', text):
+            assert include in files or (csrc / include).is_file(), f"{name}: {include}"
+    assert "TORCH_LIBRARY_IMPL(lltm, CUDA, m)" in files["mgu_text_cuda.cu"]
+    assert (
+        "LLTM_PERSISTENT_DTYPE(lltm::cells::user::User_mgu_text, true, c10::BFloat16)"
+        in files["mgu_text_persistent_backward_bfloat16.cu"]
+    )
+    launch = (csrc / "cuda" / "persistent_launch.cuh").read_text()
+    plan = (csrc / "cuda" / "seq_persistent.h").read_text()
+    for macro in ("LLTM_PERSISTENT_DTYPE", "LLTM_PERSISTENT_EXTERN", "LLTM_PERSISTENT_FORWARD"):
+        assert f"#define {macro}(" in launch
+    assert "#define LLTM_REGISTER_CELL_PLAN(" in plan
+
+
+def test_nvcc_messages_are_mapped_to_the_users_lines():
+    """nvcc says file(line): the message names <cell>.<part>:<line> as for g++, once per message
+    (every file of the build includes the cell and may report the same line)."""
+    from lltm.cells._define import _compile_error
+
+    nvcc = (
+        'typo.forward(2): error: identifier "nxt" is undefined\n  saved[0] = nxt[0];\n             ^\n'
+        "\n1 error detected in the compilation of mgu_cuda.cu.\n"
+    )
+    gcc = "typo.forward:2:12: error: 'nxt' was not declared in this scope\n  saved[0] = nxt[0];\n            ^~~\n"
+    message = str(_compile_error("typo", nvcc + nvcc + gcc))
+    assert 'typo.forward:2: error: identifier "nxt" is undefined' in message
+    assert message.count("identifier") == 1 and "was not declared" in message
+
+
+def _cuda_cell(cell):
+    if not HAS_CUDA:
+        pytest.skip("needs CUDA")
+    if cell.cuda_arch is None:
+        pytest.skip("the cell's CUDA kernels were not built here (no nvcc, or lltm built without CUDA)")
+    return cell
+
+
+@pytest.fixture(scope="module")
+def forget_lltm():
+    return _example("forget_lltm").define()
+
+
+CUDA_CELLS = ["mgu", "cifg", "forget_lltm"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", CUDA_CELLS)
+def test_check_passes_on_cuda(request, name):
+    cell = _cuda_cell(request.getfixturevalue(name))
+    assert lltm._backends.resolve("auto", "cuda", cell.op_family()) == "fused"
+    report = cells.check(cell, device="cuda")
     assert report.ok, str(report)
+    labels = {r.backend for r in report.rows}
+    assert {"aten", "fused", "fused:grid", "fused:loop"} <= labels, str(report)
+    plan = torch.ops.lltm._fused_cuda_seq_plan(False, 16, 4, 32, torch.float32, 0, cell.name)
+    assert plan.strip(), plan
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("path", ["cluster", "grid", "loop"])
+@pytest.mark.parametrize("name", CUDA_CELLS)
+def test_cuda_paths_match_python_backend(request, monkeypatch, name, path, dtype):
+    """Each forced time loop of the fused CUDA kernels against the python backend on the GPU:
+    two bidirectional layers, padded and packed (lengths), the output, final states and every
+    parameter's gradient."""
+    cell = _cuda_cell(request.getfixturevalue(name))
+    if path == "cluster" and "no thread-block cluster kernels" in torch.ops.lltm._fused_cuda_seq_plan(
+        False, 2, 2, 8, torch.float64, 0, cell.name
+    ):
+        pytest.skip("no thread-block cluster kernels on this device")
+    monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    plan = torch.ops.lltm._fused_cuda_seq_plan(False, 9, 5, 24, dtype, 0, cell.name)
+    assert plan.splitlines()[0].endswith(path), plan
+    torch.manual_seed(0)
+    kw = dict(num_layers=2, batch_first=True, bidirectional=True, dtype=dtype, device="cuda")
+    ref = cell.Layer(6, 24, backend="python", **kw)
+    layer = cell.Layer(6, 24, backend="fused", **kw)
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(5, 9, 6, dtype=dtype, device="cuda")
+    lengths = torch.tensor([9, 7, 3, 1, 9])
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    tol = dict(rtol=1e-9, atol=1e-9) if dtype == torch.float64 else dict(rtol=2e-4, atol=2e-5)
+    for inp in (x, packed):
+        out, states = layer(inp)
+        out_ref, states_ref = ref(inp)
+        data = (lambda o: o.data) if isinstance(inp, torch.nn.utils.rnn.PackedSequence) else (lambda o: o)
+        torch.testing.assert_close(data(out), data(out_ref), **tol)
+        for s, r in zip(_as_tuple(states), _as_tuple(states_ref)):
+            torch.testing.assert_close(s, r, **tol)
+        loss = data(out).square().sum() + sum(s.sum() for s in _as_tuple(states))
+        g = torch.autograd.grad(loss, list(layer.parameters()))
+        loss_ref = data(out_ref).square().sum() + sum(s.sum() for s in _as_tuple(states_ref))
+        g_ref = torch.autograd.grad(loss_ref, list(ref.parameters()))
+        for a, b in zip(g, g_ref):
+            torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", CUDA_CELLS)
+def test_cuda_bfloat16_matches_python_in_bfloat16(request, name):
+    """bfloat16 on the GPU (float32 math inside) against the python backend in bfloat16."""
+    cell = _cuda_cell(request.getfixturevalue(name))
+    torch.manual_seed(0)
+    kw = dict(dtype=torch.bfloat16, device="cuda")
+    ref = cell.Layer(8, 64, backend="python", **kw)
+    layer = cell.Layer(8, 64, backend="fused", **kw)
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(12, 3, 8, **kw)
+    results = []
+    for module in (layer, ref):
+        xi = x.clone().requires_grad_()
+        out, _ = module(xi)
+        out.float().square().sum().backward()
+        results.append((out, xi.grad))
+    for got, want in zip(results[0], results[1]):
+        torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.cuda
+def test_cuda_compile_fullgraph_dynamic(mgu):
+    cell = _cuda_cell(mgu)
+    torch.manual_seed(0)
+    layer = cell.Layer(3, 5, backend="fused", device="cuda")
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    for T, B in ((4, 2), (7, 3)):
+        x = torch.randn(T, B, 3, device="cuda", requires_grad=True)
+        out = compiled(x)[0]
+        torch.testing.assert_close(out, layer(x)[0])
+        (g,) = torch.autograd.grad(out.sum(), x)
+        (g_ref,) = torch.autograd.grad(layer(x)[0].sum(), x)
+        torch.testing.assert_close(g, g_ref)
+
+
+@pytest.mark.cuda
+def test_cuda_compile_error_shows_the_users_lines():
+    """The same user error with the CUDA files in the build: still <cell>.<part>:<line>, once."""
+    if not HAS_CUDA or torch.utils.cpp_extension.CUDA_HOME is None:
+        pytest.skip("needs CUDA and nvcc")
+    with pytest.raises(cells.CellCompileError) as info:
+        cells.define(
+            "typo_cuda",
+            gates=1,
+            states=("h",),
+            forward="next[0] = M::tanh(zx[0] + zh[0]);\nsaved[0] = nxt[0];",
+            backward="dzx[0] = dnext[0];\nds[0] = T(0.0);",
+            reference=lambda zx, zh, s: (torch.tanh(zx[0] + zh[0]),),
+        )
+    message = str(info.value)
+    assert "typo_cuda.forward:2" in message and "nxt" in message
 
 
 # ---------------------------------------------------------------- build cache, examples, docs

@@ -1,7 +1,9 @@
 """lltm.cells.check: a cell's compiled backends against its Python step.
 
-For every compiled backend that runs the cell on the device: the output, the
-final states and every gradient (input, weight_ih, weight_hh, bias_ih,
+For every compiled backend that runs the cell on the device (on a GPU, the
+fused CUDA backend also with each of its time loops forced: the persistent
+kernel over thread-block clusters, over a cooperative grid, the step loop):
+the output, the final states and every gradient (input, weight_ih, weight_hh, bias_ih,
 bias_hh, each initial state) against backend="python" in float64, on random
 shapes with and without lengths; torch.autograd.gradcheck of the operator;
 torch.library.opcheck of its forward (schema, fake kernel, autograd
@@ -12,6 +14,8 @@ weights and biases).
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -40,7 +44,7 @@ class CheckRow:
     def line(self) -> str:
         err = "" if self.error is None else f"{self.error:9.2e}"
         return (
-            f"{'ok  ' if self.ok else 'FAIL'} {self.backend:6} {self.test:9} {self.quantity:18} {err:>9}  {self.where}"
+            f"{'ok  ' if self.ok else 'FAIL'} {self.backend:13} {self.test:9} {self.quantity:18} {err:>9}  {self.where}"
         )
 
 
@@ -62,7 +66,7 @@ class CheckReport:
 
     def __str__(self) -> str:
         head = f"lltm.cells.check({self.cell!r}) on {self.device}: {'passed' if self.ok else 'FAILED'}"
-        cols = "     backend test      quantity           error/tol  worst element  [its shape T, B, I, S]"
+        cols = "     backend       test      quantity           error/tol  worst element  [its shape T, B, I, S]"
         return "\n".join([head, cols] + [r.line() + (f"  [{r.shape}]" if r.shape else "") for r in self.rows])
 
     def raise_for_failure(self) -> None:
@@ -170,6 +174,10 @@ def check(
     if not backends:
         report.rows.append(CheckRow("-", "build", "operators", False, where="no compiled backend runs this cell here"))
         return report
+    # (label, backend, forced time loop): the fused CUDA backend once as planned, then each loop
+    runs = [(b, b, None) for b in backends]
+    if device.type == "cuda" and "fused" in backends:
+        runs += [(f"fused:{path}", "fused", path) for path in _cuda_paths(spec, device)]
     generator = torch.Generator().manual_seed(seed)
     worst: dict[tuple[str, str, str], CheckRow] = {}
     for shape in _SHAPES:
@@ -180,30 +188,59 @@ def check(
         ]
         want = _run(spec, "python", args, lengths, weights)
         shape_text = f"{T}, {B}, {shape[2]}, {S}" + (", lengths" if lengths is not None else "")
-        for backend in backends:
+        for label, backend, path in runs:
             try:
-                got = _run(spec, backend, args, lengths, weights)
+                with _seq_path(path):
+                    got = _run(spec, backend, args, lengths, weights)
             except Exception as exc:  # a crash of the operator is a failed check, with its message
-                worst[(backend, "forward", "call")] = CheckRow(
-                    backend, "forward", "call", False, float("inf"), f"{type(exc).__name__}: {exc}", shape_text
+                worst[(label, "forward", "call")] = CheckRow(
+                    label, "forward", "call", False, float("inf"), f"{type(exc).__name__}: {exc}", shape_text
                 )
                 continue
             for name, reference in want.items():
                 err, index = _compare(got[name], reference, rtol, atol)
                 test = "gradient" if name.startswith("grad") else "forward"
-                row = CheckRow(backend, test, name, err <= 1.0, err, _where(name, index, spec, S), shape_text)
+                row = CheckRow(label, test, name, err <= 1.0, err, _where(name, index, spec, S), shape_text)
                 # one row per quantity: its worst shape
-                key = (backend, test, name)
+                key = (label, test, name)
                 if key not in worst or err > worst[key].error:
                     worst[key] = row
-    report.rows.extend(sorted(worst.values(), key=lambda r: (r.backend, r.test != "forward")))
-    for backend in backends:
-        report.rows.append(_gradcheck(spec, backend, device, generator))
-        report.rows.append(_opcheck(spec, backend, device, generator))
+    order = {label: k for k, (label, _, _) in enumerate(runs)}
+    report.rows.extend(sorted(worst.values(), key=lambda r: (order[r.backend], r.test != "forward")))
+    for label, backend, path in runs:
+        with _seq_path(path):
+            report.rows.append(_gradcheck(spec, backend, label, device, generator))
+        if path is None:
+            report.rows.append(_opcheck(spec, backend, device, generator))
     return report
 
 
-def _gradcheck(spec, backend, device, generator) -> CheckRow:
+def _cuda_paths(spec, device: torch.device) -> list[str]:
+    """The time loops of the fused CUDA backend that this device and build have (LLTM_SEQ_PATH)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    plan = torch.ops.lltm._fused_cuda_seq_plan(False, 2, 2, 8, torch.float64, index, spec.name)
+    clusters = "no thread-block cluster kernels" not in plan
+    return (["cluster"] if clusters else []) + ["grid", "loop"]
+
+
+@contextlib.contextmanager
+def _seq_path(path: Optional[str]):
+    """LLTM_SEQ_PATH=path for the calls inside (nothing when None); the planner reads it per call."""
+    if path is None:
+        yield
+        return
+    before = os.environ.get("LLTM_SEQ_PATH")
+    os.environ["LLTM_SEQ_PATH"] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["LLTM_SEQ_PATH"]
+        else:
+            os.environ["LLTM_SEQ_PATH"] = before
+
+
+def _gradcheck(spec, backend, label, device, generator) -> CheckRow:
     from lltm import functional
 
     args, lengths = _inputs(spec, (3, 2, 3, 4, True), device, generator)
@@ -216,10 +253,10 @@ def _gradcheck(spec, backend, device, generator) -> CheckRow:
 
     try:
         ok = torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-4, raise_exception=True)
-        return CheckRow(backend, "gradcheck", "all inputs", bool(ok), shape="3, 2, 3, 4, lengths")
+        return CheckRow(label, "gradcheck", "all inputs", bool(ok), shape="3, 2, 3, 4, lengths")
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return CheckRow(backend, "gradcheck", "all inputs", False, where=first[:200], shape="3, 2, 3, 4, lengths")
+        return CheckRow(label, "gradcheck", "all inputs", False, where=first[:200], shape="3, 2, 3, 4, lengths")
 
 
 def _opcheck(spec, backend, device, generator) -> CheckRow:

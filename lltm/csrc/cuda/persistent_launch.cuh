@@ -14,6 +14,7 @@
 
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <type_traits>
 
@@ -283,6 +284,30 @@ T* mutable_or_null(const at::Tensor& t) {
 
 }  // namespace
 
+// One dtype's part of a cell's persistent entry points in one direction: the
+// launch of its plan and the planner's report. Defined out of the class so
+// that a build may instantiate each dtype in a file of its own (a cell of
+// lltm.cells.define: LLTM_PERSISTENT_DTYPE below) and declare the others
+// extern where the entry points dispatch on the dtype.
+template <typename Cell, typename scalar_t, bool kBackward>
+struct PersistentOf {
+  using Params = std::conditional_t<kBackward, BackwardParams<scalar_t>, ForwardParams<scalar_t>>;
+  static bool launch(const Params& params, const at::Tensor& like);
+  static std::string plan(int64_t steps, int64_t batch, int64_t state, int device);
+};
+
+template <typename Cell, typename scalar_t, bool kBackward>
+bool PersistentOf<Cell, scalar_t, kBackward>::launch(const Params& params, const at::Tensor& like) {
+  return cuda_detail::launch<Cell, scalar_t, kBackward>(params, like);
+}
+
+template <typename Cell, typename scalar_t, bool kBackward>
+std::string PersistentOf<Cell, scalar_t, kBackward>::plan(int64_t steps, int64_t batch, int64_t state,
+                                                          int device) {
+  const Problem problem = problem_of<Cell, scalar_t>(kBackward, steps, batch, state);
+  return describe(problem, decide<Cell, scalar_t, kBackward>(problem, device));
+}
+
 template <typename Cell>
 bool rnn_forward_persistent(const at::Tensor& zx, const at::Tensor& saved, const RowMajor& w_hh,
                             const at::Tensor& b_ih, const at::Tensor& b_hh,
@@ -309,7 +334,7 @@ bool rnn_forward_persistent(const at::Tensor& zx, const at::Tensor& saved, const
                                     p.steps = steps;
                                     p.batch = batch;
                                     p.state = static_cast<int>(state);
-                                    launched = launch<Cell, scalar_t, false>(p, zx);
+                                    launched = PersistentOf<Cell, scalar_t, false>::launch(p, zx);
                                   });
   return launched;
 }
@@ -343,7 +368,7 @@ bool rnn_backward_persistent(const at::Tensor& grad_output, const std::vector<at
                                     p.steps = steps;
                                     p.batch = batch;
                                     p.state = static_cast<int>(state);
-                                    launched = launch<Cell, scalar_t, true>(p, output);
+                                    launched = PersistentOf<Cell, scalar_t, true>::launch(p, output);
                                   });
   return launched;
 }
@@ -352,8 +377,7 @@ template <typename Cell, bool kBackward>
 std::string rnn_plan(int64_t steps, int64_t batch, int64_t state, c10::ScalarType dtype, int device) {
   std::string report;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "lltm_fused_cuda_seq_plan", [&] {
-    const Problem problem = problem_of<Cell, scalar_t>(kBackward, steps, batch, state);
-    report = describe(problem, decide<Cell, scalar_t, kBackward>(problem, device));
+    report = PersistentOf<Cell, scalar_t, kBackward>::plan(steps, batch, state, device);
   });
   return report;
 }
@@ -381,3 +405,19 @@ std::string rnn_plan(int64_t steps, int64_t batch, int64_t state, c10::ScalarTyp
                                               const std::vector<at::Tensor>&);                         \
   template std::string rnn_plan<Cell, true>(int64_t, int64_t, int64_t, c10::ScalarType, int);          \
   }
+
+// A build that splits a cell's persistent kernels by dtype (a cell of
+// lltm.cells.define): LLTM_PERSISTENT_EXTERN(Cell) before the entry points
+// (LLTM_PERSISTENT_FORWARD / _BACKWARD, which then dispatch only), and
+// LLTM_PERSISTENT_DTYPE(Cell, backward, scalar_t) in a file per direction
+// and dtype, compiled in parallel.
+#define LLTM_PERSISTENT_DTYPE(Cell, kBackward, scalar_t) \
+  template struct lltm::cuda_detail::PersistentOf<Cell, scalar_t, kBackward>;
+#define LLTM_PERSISTENT_EXTERN_ONE(Cell, kBackward)                                   \
+  extern template struct lltm::cuda_detail::PersistentOf<Cell, double, kBackward>;    \
+  extern template struct lltm::cuda_detail::PersistentOf<Cell, float, kBackward>;     \
+  extern template struct lltm::cuda_detail::PersistentOf<Cell, c10::Half, kBackward>; \
+  extern template struct lltm::cuda_detail::PersistentOf<Cell, c10::BFloat16, kBackward>;
+#define LLTM_PERSISTENT_EXTERN(Cell)      \
+  LLTM_PERSISTENT_EXTERN_ONE(Cell, false) \
+  LLTM_PERSISTENT_EXTERN_ONE(Cell, true)

@@ -54,12 +54,37 @@
 // is seq_plan.cpp's. This file answers lltm::_fused_cuda_seq_plan.
 #include <c10/cuda/CUDAGuard.h>
 
+#include <map>
+#include <mutex>
 #include <string>
+#include <string_view>
 
 #include "../lltm.h"
 #include "seq_persistent.h"
 
 namespace lltm {
+namespace cuda_detail {
+namespace {
+
+// The planners of the cells registered at run time, by name.
+struct CellPlans {
+  std::mutex mutex;
+  std::map<std::string, CellPlan, std::less<>> plans;
+};
+CellPlans& cell_plans() {
+  static CellPlans plans;
+  return plans;
+}
+
+}  // namespace
+
+void register_cell_plan(const std::string& cell, CellPlan plan) {
+  CellPlans& all = cell_plans();
+  const std::lock_guard<std::mutex> lock(all.mutex);
+  all.plans[cell] = plan;
+}
+
+}  // namespace cuda_detail
 
 std::string fused_cuda_seq_plan(bool backward, int64_t steps, int64_t batch, int64_t state,
                                 c10::ScalarType dtype, int64_t device, c10::string_view cell) {
@@ -79,7 +104,17 @@ std::string fused_cuda_seq_plan(bool backward, int64_t steps, int64_t batch, int
                         : rnn_plan<Cell, false>(steps, batch, state, dtype, static_cast<int>(device));
     }
   });
-  TORCH_CHECK_VALUE(known, "lltm::_fused_cuda_seq_plan: unknown cell '", cell, "'");
+  if (!known) {
+    CellPlan plan = nullptr;
+    {
+      CellPlans& all = cell_plans();
+      const std::lock_guard<std::mutex> lock(all.mutex);
+      const auto found = all.plans.find(std::string_view(cell.data(), cell.size()));
+      if (found != all.plans.end()) plan = found->second;
+    }
+    TORCH_CHECK_VALUE(plan != nullptr, "lltm::_fused_cuda_seq_plan: unknown cell '", cell, "'");
+    report = plan(backward, steps, batch, state, dtype, static_cast<int>(device));
+  }
   return report;
 }
 

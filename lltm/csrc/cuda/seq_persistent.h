@@ -48,5 +48,26 @@ bool rnn_backward_persistent(const at::Tensor& grad_output, const std::vector<at
 template <typename Cell, bool kBackward>
 std::string rnn_plan(int64_t steps, int64_t batch, int64_t state, c10::ScalarType dtype, int device);
 
+// lltm::_fused_cuda_seq_plan for a cell outside cells::BuiltIn (a cell of
+// lltm.cells.define): its library registers its planner's report when it
+// loads (LLTM_REGISTER_CELL_PLAN below).
+using CellPlan = std::string (*)(bool backward, int64_t steps, int64_t batch, int64_t state,
+                                 c10::ScalarType dtype, int device);
+void register_cell_plan(const std::string& cell, CellPlan plan);
+
+template <typename Cell>
+std::string cell_plan(bool backward, int64_t steps, int64_t batch, int64_t state, c10::ScalarType dtype,
+                      int device) {
+  return backward ? rnn_plan<Cell, true>(steps, batch, state, dtype, device)
+                  : rnn_plan<Cell, false>(steps, batch, state, dtype, device);
+}
+
+// Registers Cell's planner at load time, in the file that registers its operators.
+#define LLTM_REGISTER_CELL_PLAN(Cell)                                                            \
+  static const bool lltm_cell_plan_registered_ = [] {                                            \
+    ::lltm::cuda_detail::register_cell_plan(Cell::kName, &::lltm::cuda_detail::cell_plan<Cell>); \
+    return true;                                                                                 \
+  }()
+
 }  // namespace cuda_detail
 }  // namespace lltm

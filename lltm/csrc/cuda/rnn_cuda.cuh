@@ -1,0 +1,438 @@
+// The fused CUDA backend's sequence operators for any cell (cells/cell.h),
+// as templates: rnn_cuda.cu instantiates them for the built-in cells, a cell
+// defined with lltm.cells.define for its own (its generated CUDA sources,
+// which link against lltm's library for the host code that is not a
+// template: cuBLAS GEMMs, graph replay, the planner).
+//
+// Forward: zx = x W_ih^T for all T steps is one cuBLAS GEMM over T*B rows.
+// Then the time loop, as the planner (seq_plan.h) chooses: one launch of a
+// persistent kernel (seq_persistent.h), or the step loop: per step one
+// GEMM (h_{t-1} W_hh^T, added into zx_t, or into a zh buffer for cells that
+// keep it apart) and one pointwise kernel (the cell's forward, biases, the
+// length mask), replayed from a CUDA graph where the call repeats
+// (seq_graph.h). Either way the host only queues asynchronous launches on
+// the current stream: no synchronisation, capturable in a CUDA graph.
+//
+// Backward: the states other than h are rebuilt from the saved values (one
+// kernel), then the reverse-time loop (persistent kernel, or per step one
+// pointwise kernel and one GEMM d h_{t-1} += dzh_t W_hh) writes dzx and dzh
+// of every step; after it, over all T*B rows at once:
+//   grad_input = dzx W_ih,  grad_W_ih = dzx^T x,  grad_b_ih = column sums of dzx
+//   grad_W_hh  = dzh_0^T h0 + dzh_{1:}^T output_{:-1}  (h_{t-1} is the previous
+//                output on every row whose dzh is not 0),  grad_b_hh = sums of dzh
+// No atomics: every gradient element is written by one GEMM or reduction.
+#pragma once
+
+#include <ATen/Context.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <functional>
+#include <string_view>
+
+#include "../rnn.h"
+#include "../rnn_ops.h"
+#include "blas.h"
+#include "guard.h"
+#include "launch_utils.h"
+#include "persistent_params.cuh"
+#include "rnn_pointwise.cuh"
+#include "seq_graph.h"
+#include "seq_persistent.h"
+
+namespace lltm {
+namespace cuda_detail {
+
+inline const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
+
+template <typename Cell>
+int64_t cell_key() {
+  return static_cast<int64_t>(std::hash<std::string_view>{}(Cell::kName));
+}
+
+// The forward's loop over cuBLAS: zx holds x W_ih^T on entry.
+template <typename Cell>
+void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowMajor>& state0, at::Tensor& zx,
+                  at::Tensor& output, std::vector<at::Tensor>& state_n, at::Tensor& saved) {
+  constexpr int G = Cell::kGates, NS = Cell::kStates;
+  const int64_t T = a.steps(), B = a.batch(), S = a.hidden(), GS = G * S, n = B * S;
+  const auto options = a.input.options();
+  const c10::ScalarType dtype = a.input.scalar_type();
+  const bool masked = a.lengths.defined();
+  // With lengths the carried h differs from the output (0 past a row's
+  // length): two (B, S) buffers, written in turn; the other states likewise.
+  at::Tensor h_buf = masked ? at::empty({2, B, S}, options) : at::Tensor();
+  at::Tensor s_buf = NS > 1 ? at::empty({2, NS - 1, B, S}, options) : at::Tensor();
+  at::Tensor zh = Cell::kSplit ? at::empty({B, GS}, options) : at::Tensor();
+  const char* w_ptr = static_cast<const char*>(w_hh.tensor.const_data_ptr());
+  const unsigned int blocks = pointwise_blocks(n, a.input.get_device());
+  // The launches, replayed from a CUDA graph where the same call repeats:
+  // the key holds every value they bake in.
+  GraphKey key = {0,
+                  cell_key<Cell>(),
+                  static_cast<int64_t>(dtype),
+                  T,
+                  B,
+                  S,
+                  w_hh.ld,
+                  state0[0].ld,
+                  NS > 1 ? state0[NS - 1].ld : 0,
+                  at::globalContext().allowTF32CuBLAS()};
+  for (const void* p :
+       {static_cast<const void*>(zx.const_data_ptr()), static_cast<const void*>(w_ptr),
+        state0[0].tensor.const_data_ptr(), NS > 1 ? state0[NS - 1].tensor.const_data_ptr() : nullptr,
+        ptr_or_null(a.b_ih), ptr_or_null(a.b_hh), ptr_or_null(a.lengths), output.const_data_ptr(),
+        saved.const_data_ptr(), ptr_or_null(h_buf), ptr_or_null(s_buf), ptr_or_null(zh)}) {
+    key_add(key, p);
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "lltm_fused_rnn_forward", [&] {
+    run_graphed(std::move(key), [&] {
+      const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+      StepForward<scalar_t> p{};
+      p.b_ih = a.b_ih.defined() ? a.b_ih.const_data_ptr<scalar_t>() : nullptr;
+      p.b_hh = a.b_hh.defined() ? a.b_hh.const_data_ptr<scalar_t>() : nullptr;
+      p.h_prev = state0[0].data<scalar_t>();
+      p.h_ld = state0[0].ld;
+      if constexpr (NS > 1) {
+        // one initial state besides h (kMaxStates = 2)
+        p.s_prev = state0[1].data<scalar_t>();
+        p.s_ld = state0[1].ld;
+      }
+      p.lengths = masked ? a.lengths.const_data_ptr<int64_t>() : nullptr;
+      p.batch = B;
+      p.state = S;
+      for (int64_t t = 0; t < T; ++t) {
+        scalar_t* zx_t = zx.mutable_data_ptr<scalar_t>() + t * B * GS;
+        // zx_t += h_{t-1} W_hh^T, or zh = h_{t-1} W_hh^T: (B, G S) = (B, S) (G S, S)^T
+        const Gemm recurrent = {false,
+                                true,
+                                B,
+                                GS,
+                                S,
+                                p.h_prev,
+                                p.h_ld,
+                                w_ptr,
+                                w_hh.ld,
+                                !Cell::kSplit,
+                                Cell::kSplit ? zh.mutable_data_ptr() : zx_t,
+                                GS};
+        run_gemms(dtype, &recurrent, 1);
+        p.zx = zx_t;
+        p.zh = Cell::kSplit ? zh.const_data_ptr<scalar_t>() : nullptr;
+        p.saved = saved.mutable_data_ptr<scalar_t>() + t * B * Cell::kSaved * S;
+        p.output = output.mutable_data_ptr<scalar_t>() + t * n;
+        p.h_next = masked ? h_buf.mutable_data_ptr<scalar_t>() + (t % 2) * n : nullptr;
+        p.s_next = NS > 1 ? s_buf.mutable_data_ptr<scalar_t>() + (t % 2) * (NS - 1) * n : nullptr;
+        p.t = t;
+        rnn_forward_step_kernel<Cell, scalar_t><<<blocks, kSeqPointwiseThreads, 0, stream>>>(p);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        p.h_prev = masked ? p.h_next : p.output;
+        p.h_ld = S;
+        p.s_prev = p.s_next;
+        p.s_ld = S;
+        p.s_stride = n;
+      }
+    });
+  });
+  // The final states: the last carried h (the last output without lengths)
+  // and the other states (carried past each row's length).
+  state_n[0].copy_(masked ? h_buf[(T - 1) % 2] : output[T - 1]);
+  for (int k = 1; k < NS; ++k) state_n[k].copy_(s_buf[(T - 1) % 2][k - 1]);
+}
+
+// The other states after every step (NS - 1, T, B, S), rebuilt from the saved values.
+template <typename Cell>
+at::Tensor recompute_states(const RnnArgs& a, const std::vector<RowMajor>& state0, const at::Tensor& saved) {
+  constexpr int NS = Cell::kStates;
+  if constexpr (NS == 1) {
+    return at::Tensor();
+  } else {
+    const int64_t T = a.steps(), B = a.batch(), S = a.hidden();
+    at::Tensor states = at::empty({NS - 1, T, B, S}, saved.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, saved.scalar_type(), "lltm_rnn_states", [&] {
+      rnn_states_kernel<Cell, scalar_t><<<pointwise_blocks(B * S, saved.get_device()), kSeqPointwiseThreads,
+                                          0, c10::cuda::getCurrentCUDAStream()>>>(
+          saved.const_data_ptr<scalar_t>(), state0[1].data<scalar_t>(), state0[1].ld, 0,
+          a.lengths.defined() ? a.lengths.const_data_ptr<int64_t>() : nullptr,
+          states.mutable_data_ptr<scalar_t>(), T, B, S);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    return states;
+  }
+}
+
+// The backward's reverse-time loop over cuBLAS: dzx (and dzh), and the
+// gradients of the initial states where wanted.
+template <typename Cell>
+void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor& w_hh,
+                   const std::vector<RowMajor>& state0, const at::Tensor& states, const at::Tensor& saved,
+                   const at::Tensor& output, at::Tensor& dzx, at::Tensor& dzh,
+                   std::vector<at::Tensor>& grad_state0) {
+  constexpr int G = Cell::kGates, NS = Cell::kStates, NV = Cell::kSaved;
+  const int64_t T = a.steps(), B = a.batch(), S = a.hidden(), GS = G * S, n = B * S;
+  const auto options = a.input.options();
+  const c10::ScalarType dtype = a.input.scalar_type();
+  const bool want_state = !grad_state0.empty();
+  const char* w_ptr = static_cast<const char*>(w_hh.tensor.const_data_ptr());
+  // Carried gradients: dh in two (B, S) buffers written in turn (the
+  // pointwise kernel and the GEMM write one, the next step reads it), the
+  // other states' in float for half and bfloat16.
+  at::Tensor dh = at::empty({2, B, S}, options);
+  if (from.grad_state[0].defined()) {
+    dh[T % 2].copy_(from.grad_state[0]);
+  } else {
+    dh[T % 2].zero_();
+  }
+  at::Tensor ds = at::zeros({std::max(NS - 1, 1), B, S}, options.dtype(at::toOpMathType(dtype)));
+  for (int k = 1; k < NS; ++k) {
+    if (from.grad_state[k].defined()) ds[k - 1].copy_(from.grad_state[k]);
+  }
+  const at::Tensor g_out = from.grad_output;
+  const unsigned int blocks = pointwise_blocks(n, a.input.get_device());
+  GraphKey key = {1,
+                  cell_key<Cell>(),
+                  static_cast<int64_t>(dtype),
+                  T,
+                  B,
+                  S,
+                  w_hh.ld,
+                  state0[0].ld,
+                  want_state,
+                  at::globalContext().allowTF32CuBLAS()};
+  for (const void* p :
+       {static_cast<const void*>(dh.const_data_ptr()), ptr_or_null(g_out), ds.const_data_ptr(),
+        saved.const_data_ptr(), output.const_data_ptr(), state0[0].tensor.const_data_ptr(),
+        ptr_or_null(states), NS > 1 ? state0[NS - 1].tensor.const_data_ptr() : nullptr,
+        ptr_or_null(a.lengths), dzx.const_data_ptr(), ptr_or_null(dzh), static_cast<const void*>(w_ptr)}) {
+    key_add(key, p);
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "lltm_fused_rnn_backward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    run_graphed(std::move(key), [&] {
+      const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+      scalar_t* dh_base = dh.mutable_data_ptr<scalar_t>();
+      StepBackward<scalar_t> p{};
+      p.ds = ds.mutable_data_ptr<acc_t>();
+      p.lengths = a.lengths.defined() ? a.lengths.const_data_ptr<int64_t>() : nullptr;
+      p.batch = B;
+      p.state = S;
+      for (int64_t t = T - 1; t >= 0; --t) {
+        p.dh = dh_base + ((t + 1) % 2) * n;
+        p.dh_out = dh_base + (t % 2) * n;
+        p.grad_out = g_out.defined() ? g_out.const_data_ptr<scalar_t>() + t * n : nullptr;
+        p.saved = saved.const_data_ptr<scalar_t>() + t * B * NV * S;
+        p.output_t = output.const_data_ptr<scalar_t>() + t * n;
+        p.h_prev = t > 0 ? output.const_data_ptr<scalar_t>() + (t - 1) * n : state0[0].data<scalar_t>();
+        p.h_ld = t > 0 ? S : state0[0].ld;
+        if constexpr (NS > 1) {
+          p.s_new = states.const_data_ptr<scalar_t>() + t * n;
+          p.s_old = t > 0 ? states.const_data_ptr<scalar_t>() + (t - 1) * n : state0[1].data<scalar_t>();
+          p.s_ld = t > 0 ? S : state0[1].ld;
+          p.s_stride = T * n;
+        }
+        scalar_t* dzx_t = dzx.mutable_data_ptr<scalar_t>() + t * B * GS;
+        scalar_t* dzh_t = Cell::kSplit ? dzh.mutable_data_ptr<scalar_t>() + t * B * GS : dzx_t;
+        p.dzx = dzx_t;
+        p.dzh = Cell::kSplit ? dzh_t : nullptr;
+        p.t = t;
+        rnn_backward_step_kernel<Cell, scalar_t><<<blocks, kSeqPointwiseThreads, 0, stream>>>(p);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        if (t > 0 || want_state) {
+          // d h_{t-1} += dzh_t W_hh: (B, S) = (B, G S) (G S, S)
+          const Gemm recurrent = {false, false, B, S, GS, dzh_t, GS, w_ptr, w_hh.ld, true, p.dh_out, S};
+          run_gemms(dtype, &recurrent, 1);
+        }
+      }
+    });
+  });
+  if (want_state) {
+    grad_state0[0].copy_(dh[0]);  // step 0 wrote dh[0]
+    for (int k = 1; k < NS; ++k) grad_state0[k].copy_(ds[k - 1]);
+  }
+}
+
+// A gradient output as a row-major matrix to write into: itself where it is
+// one (LLTM's column blocks of grad_weights), else a buffer copied back by
+// `finish`.
+struct Destination {
+  at::Tensor target, buffer;
+  int64_t ld;
+  void* data() const { return buffer.mutable_data_ptr(); }
+  void finish() {
+    if (!buffer.is_same(target)) target.copy_(buffer);
+  }
+};
+inline Destination destination(const at::Tensor& t) {
+  const bool row_major = t.stride(1) == 1 && (t.size(0) <= 1 || t.stride(0) >= t.size(1));
+  if (row_major) return {t, t, t.size(0) <= 1 ? std::max<int64_t>(t.size(1), 1) : t.stride(0)};
+  return {t, at::empty(t.sizes(), t.options()), std::max<int64_t>(t.size(1), 1)};
+}
+
+template <typename Cell>
+void fused_rnn_forward_cuda(const RnnArgs& a, at::Tensor& output, std::vector<at::Tensor>& state_n,
+                            at::Tensor& saved) {
+  constexpr int G = Cell::kGates, NS = Cell::kStates;
+  static_assert(NS <= kMaxStates, "the fused CUDA kernels carry at most kMaxStates states");
+  const int64_t T = a.steps(), B = a.batch(), I = a.features(), S = a.hidden();
+  if (T == 0 || B == 0) {
+    for (int k = 0; k < NS; ++k) state_n[k].copy_(a.state[k]);
+    return;
+  }
+  const at::Tensor x = a.input.contiguous();  // (T, B, I): T*B rows of I
+  const RowMajor w_ih = as_row_major(a.w_ih), w_hh = as_row_major(a.w_hh);
+  std::vector<RowMajor> state0;
+  for (const at::Tensor& s : a.state) state0.push_back(as_row_major(s));
+  const at::Tensor b_ih = a.b_ih.defined() ? a.b_ih.contiguous() : at::Tensor();
+  const at::Tensor b_hh = a.b_hh.defined() ? a.b_hh.contiguous() : at::Tensor();
+  const at::Tensor lengths = a.lengths.defined() ? a.lengths.contiguous() : at::Tensor();
+  // zx = x W_ih^T for every t: (T*B, G S) = (T*B, I) (G S, I)^T; the saved
+  // values overwrite it in place where the cell saves as many as it has gates.
+  at::Tensor zx = Cell::kSaved == G ? saved.view({T, B, G * S}) : at::empty({T, B, G * S}, x.options());
+  if (I == 0) {
+    zx.zero_();
+  } else {
+    const Gemm projection = {false,
+                             true,
+                             T * B,
+                             G * S,
+                             I,
+                             x.const_data_ptr(),
+                             I,
+                             w_ih.tensor.const_data_ptr(),
+                             w_ih.ld,
+                             false,
+                             zx.mutable_data_ptr(),
+                             G * S};
+    run_gemms(x.scalar_type(), &projection, 1);
+  }
+  RnnArgs args = a;
+  args.b_ih = b_ih;
+  args.b_hh = b_hh;
+  args.lengths = lengths;
+  if (rnn_forward_persistent<Cell>(zx, saved, w_hh, b_ih, b_hh, state0, lengths, output, state_n)) return;
+  forward_loop<Cell>(args, w_hh, state0, zx, output, state_n, saved);
+}
+
+template <typename Cell>
+void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnGradients& grads) {
+  constexpr int G = Cell::kGates, NS = Cell::kStates;
+  const int64_t T = a.steps(), B = a.batch(), I = a.features(), S = a.hidden(), GS = G * S;
+  const auto options = a.input.options();
+  if (T == 0 || B == 0) {
+    // No step ran: the states' gradients pass through, the rest are sums over nothing.
+    for (at::Tensor* t : {&grads.input, &grads.w_ih, &grads.w_hh, &grads.b_ih, &grads.b_hh}) {
+      if (t->defined()) t->zero_();
+    }
+    for (size_t k = 0; k < grads.state.size(); ++k) {
+      if (from.grad_state[k].defined()) {
+        grads.state[k].copy_(from.grad_state[k]);
+      } else {
+        grads.state[k].zero_();
+      }
+    }
+    return;
+  }
+  const c10::ScalarType dtype = a.input.scalar_type();
+  const RowMajor w_ih = as_row_major(a.w_ih), w_hh = as_row_major(a.w_hh);
+  std::vector<RowMajor> state0;
+  for (const at::Tensor& s : a.state) state0.push_back(as_row_major(s));
+  RnnArgs args = a;
+  args.lengths = a.lengths.defined() ? a.lengths.contiguous() : at::Tensor();
+  const at::Tensor saved = from.saved.contiguous();
+  const at::Tensor output = from.output.contiguous();
+  RnnBackwardArgs b = from;
+  b.grad_output = from.grad_output.defined() ? from.grad_output.contiguous() : at::Tensor();
+  for (at::Tensor& g : b.grad_state) {
+    if (g.defined()) g = g.contiguous();
+  }
+  const at::Tensor states = recompute_states<Cell>(args, state0, saved);
+  at::Tensor dzx = at::empty({T, B, GS}, options);
+  at::Tensor dzh = Cell::kSplit ? at::empty({T, B, GS}, options) : at::Tensor();
+  std::vector<at::Tensor> grad_state0(NS);
+  for (size_t k = 0; k < grads.state.size(); ++k) grad_state0[k] = grads.state[k];
+  const bool persistent = rnn_backward_persistent<Cell>(b.grad_output, b.grad_state, w_hh, saved, output,
+                                                        states, state0, args.lengths, dzx, dzh, grad_state0);
+  if (!persistent) {
+    std::vector<at::Tensor> wanted = grads.state;
+    backward_loop<Cell>(args, b, w_hh, state0, states, saved, output, dzx, dzh, wanted);
+  }
+
+  const at::Tensor& dz_h = Cell::kSplit ? dzh : dzx;
+  const void* dx_all = dzx.const_data_ptr();
+  const int64_t elem = a.input.element_size();
+  Gemm gemms[4];
+  int count = 0;
+  std::vector<Destination> outs;
+  outs.reserve(3);
+  if (grads.input.defined() && I > 0) {  // (T*B, I) = (T*B, G S) W_ih
+    outs.push_back(destination(grads.input.view({T * B, I})));
+    gemms[count++] = {false,
+                      false,
+                      T * B,
+                      I,
+                      GS,
+                      dx_all,
+                      GS,
+                      w_ih.tensor.const_data_ptr(),
+                      w_ih.ld,
+                      false,
+                      outs.back().data(),
+                      outs.back().ld};
+  }
+  at::Tensor x;
+  if (grads.w_ih.defined() && I > 0) {  // (G S, I) = dzx^T (G S, T*B) x (T*B, I)
+    x = a.input.contiguous();
+    outs.push_back(destination(grads.w_ih));
+    gemms[count++] = {
+        true,          false, GS, I, T * B, dx_all, GS, x.const_data_ptr(), I, false, outs.back().data(),
+        outs.back().ld};
+  }
+  if (grads.w_hh.defined()) {
+    // (G S, S) = dzh_0^T h0 + dzh_{1:}^T output_{:-1}
+    outs.push_back(destination(grads.w_hh));
+    Destination& d = outs.back();
+    gemms[count++] = {
+        true,         false, GS,       S,   B, dz_h.const_data_ptr(), GS, state0[0].tensor.const_data_ptr(),
+        state0[0].ld, false, d.data(), d.ld};
+    if (T > 1) {
+      gemms[count++] = {true,        false,
+                        GS,          S,
+                        (T - 1) * B, static_cast<const char*>(dz_h.const_data_ptr()) + B * GS * elem,
+                        GS,          output.const_data_ptr(),
+                        S,           true,
+                        d.data(),    d.ld};
+    }
+  }
+  run_gemms(dtype, gemms, count);
+  for (Destination& d : outs) d.finish();
+  // Column sums in float for half and bfloat16 (ATen's reduction).
+  if (grads.b_ih.defined()) at::sum_out(grads.b_ih, dzx.view({T * B, GS}), {0});
+  if (grads.b_hh.defined()) at::sum_out(grads.b_hh, dz_h.view({T * B, GS}), {0});
+}
+
+}  // namespace cuda_detail
+
+// The fused CUDA backend as rnn_ops.h takes it: the input's device selected while the layer runs.
+struct FusedCuda {
+  static constexpr const char* kName = "fused";
+  static c10::cuda::CUDAGuard guard(const char* op, const at::Tensor& input) {
+    return cuda_detail::cuda_guard(op, input);
+  }
+  template <typename Cell>
+  static void forward(const RnnArgs& a, at::Tensor& output, std::vector<at::Tensor>& state_n,
+                      at::Tensor& saved) {
+    cuda_detail::fused_rnn_forward_cuda<Cell>(a, output, state_n, saved);
+  }
+  template <typename Cell>
+  static void backward(const RnnArgs& a, const RnnBackwardArgs& from, RnnGradients& grads) {
+    cuda_detail::fused_rnn_backward_cuda<Cell>(a, from, grads);
+  }
+};
+
+}  // namespace lltm
