@@ -7,7 +7,10 @@ csrc/autograd_*.cpp.)
 Autograd: forward saves the input, weights, initial states, output and the
 cell's saved values; backward is the matching _seq_backward operator, asked
 only for the gradients autograd needs. Its gradients are not differentiable
-again (double backward raises an error that names backend="python").
+again (double backward raises an error that names backend="python"). The
+compiled library registers this formula in C++ (csrc/autograd_rnn.h), which
+costs less host time per call; the Python one here serves an operator that
+has none.
 """
 
 from __future__ import annotations
@@ -125,7 +128,8 @@ def register_cell(cell: cells.Cell, backends: tuple[str, ...]) -> None:
         torch.library.register_fake(forward)(_forward_fake(forward, cell))
         backward = op_name(backend, cell, "backward")
         torch.library.register_fake(backward)(_backward_fake(backward, cell))
-        torch.library.register_autograd(forward, _autograd_backward(backend, cell), setup_context=_setup_context)
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(forward, "Autograd"):
+            torch.library.register_autograd(forward, _autograd_backward(backend, cell), setup_context=_setup_context)
 
 
 def register(backends: tuple[str, ...]) -> None:

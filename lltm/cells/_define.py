@@ -42,7 +42,7 @@ _STATE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # The cells defined in this process, by name (their operators cannot be registered twice).
 _DEFINED: dict[str, "UserCell"] = {}
 # Bumped when the generated source's contract changes (part of the cache key).
-_SOURCE_VERSION = 3
+_SOURCE_VERSION = 4
 
 
 class CellCompileError(RuntimeError):
@@ -212,6 +212,7 @@ def _generate(name: str, cell: str, capability: str) -> str:
 #include <torch/library.h>
 
 #include "aten/rnn_aten.h"
+#include "autograd_rnn.h"
 #include "cells/cell.h"
 #include "cpu/register.h"
 #include "cpu/rnn_cpu.h"
@@ -249,6 +250,11 @@ TORCH_LIBRARY_FRAGMENT(lltm, m) {{
 }}
 
 TORCH_LIBRARY_IMPL(lltm, CompositeExplicitAutograd, m) {{ lltm::register_rnn_ops<lltm::aten_rnn::Aten, Cell>(m); }}
+
+TORCH_LIBRARY_IMPL(lltm, Autograd, m) {{
+  lltm::register_rnn_autograd<lltm::cpu::FusedCpu, Cell>(m);
+  lltm::register_rnn_autograd<lltm::aten_rnn::Aten, Cell>(m);
+}}
 
 LLTM_REGISTER_CPU_KERNELS(register_fused)
 """

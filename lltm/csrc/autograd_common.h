@@ -21,9 +21,9 @@ namespace lltm {
 // once_differentiable: using them is fine, differentiating them raises an
 // error that says so and names the backend that can (python).
 inline torch::autograd::variable_list once_differentiable(torch::autograd::variable_list grads,
-                                                          std::size_t backend) {
+                                                          const std::string& backend) {
   if (!at::GradMode::is_enabled()) return grads;
-  const std::string msg = "lltm: backend '" + backend_name(backend) +
+  const std::string msg = "lltm: backend '" + backend +
                           "' does not support double backward (differentiating its gradients, "
                           "e.g. create_graph=True then backward again, or a Hessian); use "
                           "backend='python' for that";
@@ -35,6 +35,11 @@ inline torch::autograd::variable_list once_differentiable(torch::autograd::varia
   }
   auto error = std::make_shared<torch::autograd::DelayedError>(msg, static_cast<int64_t>(inputs.size()));
   return error->apply(std::move(inputs));
+}
+
+inline torch::autograd::variable_list once_differentiable(torch::autograd::variable_list grads,
+                                                          std::size_t backend) {
+  return once_differentiable(std::move(grads), backend_name(backend));
 }
 
 // Which of the five gradients (input, weights, bias, state h, state c) the

@@ -1,5 +1,6 @@
 // Autograd of the sequence operators: one node for a whole layer over T
-// steps, whatever T. Forward calls `<backend>_seq_forward` below autograd
+// steps, whatever T. (The other cells' operators: autograd_rnn.h, registered
+// at the end of this file.) Forward calls `<backend>_seq_forward` below autograd
 // and saves the inputs, the output and the per-step activated gates (not the
 // cell states: backward recomputes them from c0 and the gates);
 // backward is `<backend>_seq_backward` (the reverse-time loop and the
@@ -8,7 +9,12 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <string_view>
+#include <type_traits>
+
 #include "autograd_common.h"
+#include "autograd_rnn.h"
+#include "cells/registry.h"
 #include "lltm.h"
 
 namespace lltm {
@@ -68,6 +74,12 @@ SeqForwardResult seq_forward_autograd(const at::Tensor& input, const at::Tensor&
   return {out[0], out[1], out[2], out[3]};
 }
 
+// The name of compiled backend B, as autograd_rnn.h's templates take it.
+template <std::size_t B>
+struct CompiledBackend {
+  static constexpr std::string_view kName = kCompiledBackends[B];
+};
+
 }  // namespace
 }  // namespace lltm
 
@@ -75,5 +87,10 @@ TORCH_LIBRARY_IMPL(lltm, Autograd, m) {
   lltm::for_each_backend([&](auto backend) {
     constexpr std::size_t b = decltype(backend)::value;
     m.impl((lltm::backend_name(b) + "_seq_forward").c_str(), &lltm::seq_forward_autograd<b>);
+    lltm::cells::for_each_cell([&](auto cell) {
+      using Cell = decltype(cell);
+      if constexpr (!std::is_same_v<Cell, lltm::cells::LLTM>)
+        lltm::register_rnn_autograd<lltm::CompiledBackend<b>, Cell>(m);
+    });
   });
 }

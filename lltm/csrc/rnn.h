@@ -16,8 +16,8 @@
 //   output (T, B, S)  state_n: NS (B, S)   saved (T, B, NV S)
 // output_mask: (input, weight_ih, weight_hh, bias_ih, bias_hh, state); an
 // output not asked for is an empty (0,) tensor (the state gradients: an
-// empty list). Their autograd formulas are registered in Python
-// (lltm/_autograd.py); the LLTM operators keep theirs in C++.
+// empty list). Their autograd is autograd_rnn.h (C++, one node per layer);
+// their fake kernels are registered in Python (lltm/_seam.py).
 #pragma once
 
 #include <ATen/core/List.h>
