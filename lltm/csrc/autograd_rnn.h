@@ -31,11 +31,12 @@ namespace lltm {
 template <typename Backend, typename Cell>
 class RnnFunction : public torch::autograd::Function<RnnFunction<Backend, Cell>> {
  public:
-  using ForwardSig = RnnForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
-                                      const OptTensor&, at::TensorList, const OptTensor&);
+  using ForwardSig = RnnForwardResult(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                      const OptTensor&, const OptTensor&, at::TensorList, const OptTensor&);
   using BackwardSig = RnnBackwardResult(const OptTensor&, const OptTensorList&, const at::Tensor&,
-                                        const at::Tensor&, const at::Tensor&, at::TensorList, const at::Tensor&,
-                                        const at::Tensor&, const OptTensor&, RnnOutputMask);
+                                        const at::Tensor&, const at::Tensor&, at::TensorList,
+                                        const at::Tensor&, const at::Tensor&, const OptTensor&,
+                                        RnnOutputMask);
 
   static std::string op_name(const char* what) {
     return "lltm::" + std::string(Backend::kName) + "_" + Cell::kName + "_seq_" + what;
@@ -55,8 +56,8 @@ class RnnFunction : public torch::autograd::Function<RnnFunction<Backend, Cell>>
                                .template typed<ForwardSig>();
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [output, state_n, saved] = op.call(input, weight_ih, weight_hh, bias_ih, bias_hh, state, lengths);
-    torch::autograd::variable_list to_save = {input, weight_ih, weight_hh, output, saved,
-                                              lengths.value_or(at::Tensor())};
+    torch::autograd::variable_list to_save = {input,  weight_ih, weight_hh,
+                                              output, saved,     lengths.value_or(at::Tensor())};
     to_save.insert(to_save.end(), state.begin(), state.end());
     ctx->save_for_backward(to_save);
     ctx->saved_data["has_bias_ih"] = bias_ih.has_value() && bias_ih->defined();
@@ -103,8 +104,8 @@ class RnnFunction : public torch::autograd::Function<RnnFunction<Backend, Cell>>
     torch::autograd::variable_list out;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      auto [gi, gwi, gwh, gbi, gbh, gs] = op.call(grad_output, grad_state_n, saved[0], saved[1], saved[2], state,
-                                                  saved[3], saved[4], lengths, mask);
+      auto [gi, gwi, gwh, gbi, gbh, gs] = op.call(grad_output, grad_state_n, saved[0], saved[1], saved[2],
+                                                  state, saved[3], saved[4], lengths, mask);
       out = {gi, gwi, gwh, gbi, gbh};
       for (size_t i = 0; i < out.size(); ++i) {
         if (!mask[i]) out[i] = at::Tensor();
@@ -120,7 +121,8 @@ class RnnFunction : public torch::autograd::Function<RnnFunction<Backend, Cell>>
 template <typename Backend, typename Cell>
 RnnForwardResult rnn_forward_autograd(const at::Tensor& input, const at::Tensor& weight_ih,
                                       const at::Tensor& weight_hh, const OptTensor& bias_ih,
-                                      const OptTensor& bias_hh, at::TensorList state, const OptTensor& lengths) {
+                                      const OptTensor& bias_hh, at::TensorList state,
+                                      const OptTensor& lengths) {
   auto out = RnnFunction<Backend, Cell>::apply(input, weight_ih, weight_hh, bias_ih, bias_hh, state, lengths);
   std::vector<at::Tensor> state_n(out.begin() + 1, out.end() - 1);
   return {out.front(), std::move(state_n), out.back()};
