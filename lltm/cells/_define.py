@@ -420,15 +420,19 @@ def _build(name: str, source: str, cuda: Optional[dict[str, str]], arch: Optiona
         if locked:
             _extension._remove_stale_lock(build_dir)
         lib = os.path.join(build_dir, ext_name + ".so")
-        cached = os.path.exists(lib) and _extension._elf_intact(lib)
-        if not cached:
-            if os.path.exists(lib):
-                os.remove(lib)
-            for file, text in files.items():  # the folder's name is the hash of the content: written once
-                with open(os.path.join(build_dir, file), "w") as f:
-                    f.write(text)
-            what = f"with its CUDA kernels for sm_{arch}, " if cuda else ""
-            log.warning("lltm: compiling cell %r just in time (%scached under %s)", name, what, build_dir)
+        if os.path.exists(lib) and _extension._elf_intact(lib):
+            # The folder's name is the hash of everything the library is built from, so a library
+            # in it is this cell's: load it without asking ninja, whose check of nvcc's dependency
+            # files can find the objects out of date and compile every CUDA file again.
+            torch.ops.load_library(lib)
+            return
+        if os.path.exists(lib):
+            os.remove(lib)
+        for file, text in files.items():  # the folder's name is the hash of the content: written once
+            with open(os.path.join(build_dir, file), "w") as f:
+                f.write(text)
+        what = f"with its CUDA kernels for sm_{arch}, " if cuda else ""
+        log.warning("lltm: compiling cell %r just in time (%scached under %s)", name, what, build_dir)
         start = time.perf_counter()
         try:
             cpp_extension.load(
@@ -445,9 +449,7 @@ def _build(name: str, source: str, cuda: Optional[dict[str, str]], arch: Optiona
             if "Error building extension" in str(exc):
                 raise _compile_error(name, _build_log(exc)) from None
             raise
-        seconds = time.perf_counter() - start
-        if not cached:
-            log.warning("lltm: built cell %r in %.0f s", name, seconds)
+        log.warning("lltm: built cell %r in %.0f s", name, time.perf_counter() - start)
 
 
 def cell_sources(cell: "UserCell", arch: str = "90") -> dict[str, tuple[str, list[str]]]:
