@@ -1,5 +1,4 @@
 // cuBLAS calls of the fused CUDA backend (see blas.h).
-#include <ATen/Context.h>
 #include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -47,11 +46,10 @@ void* own_workspace(int device) {
 }
 
 // lltm's handle of the current device for this thread, bound to the current
-// stream, with PyTorch's TF32 switch and lltm's workspace (see
-// OwnBlasHandle). Created on first use (never during a capture:
-// OwnBlasHandle's constructor makes it) and kept for the thread's life, like
-// PyTorch's.
-cublasHandle_t own_handle(c10::ScalarType dtype) {
+// stream, with lltm's workspace (see OwnBlasHandle). Created on first use
+// (never during a capture: OwnBlasHandle's constructor makes it) and kept
+// for the thread's life, like PyTorch's.
+cublasHandle_t own_handle() {
   thread_local cublasHandle_t handles[kMaxDevices] = {};
   const int device = c10::cuda::current_device();
   TORCH_CHECK(device >= 0 && device < kMaxDevices, "lltm::fused (CUDA): device ", device, " is past the ",
@@ -59,9 +57,6 @@ cublasHandle_t own_handle(c10::ScalarType dtype) {
   cublasHandle_t& handle = handles[device];
   if (handle == nullptr) check(cublasCreate(&handle), "cublasCreate");
   check(cublasSetStream(handle, c10::cuda::getCurrentCUDAStream()), "cublasSetStream");
-  const bool tf32 = dtype == c10::ScalarType::Float && at::globalContext().allowTF32CuBLAS();
-  check(cublasSetMathMode(handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
-        "cublasSetMathMode");
   return handle;
 }
 
@@ -73,13 +68,13 @@ int as_int(int64_t v, const char* what) {
 
 }  // namespace
 
-void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count) {
+void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool tf32) {
   cudaDataType_t type;
   cublasComputeType_t compute;
   switch (dtype) {
     case c10::ScalarType::Float:
       type = CUDA_R_32F;
-      compute = CUBLAS_COMPUTE_32F;  // TF32 only if torch enables it
+      compute = CUBLAS_COMPUTE_32F;  // TF32 only through the math mode below
       break;
     case c10::ScalarType::Double:
       type = CUDA_R_64F;
@@ -96,9 +91,20 @@ void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count) {
     default:
       TORCH_CHECK(false, "lltm::fused (CUDA): no GEMM for dtype ", dtype);
   }
-  // PyTorch's handle: sets the current stream, the workspace and the math
-  // mode on it.
-  cublasHandle_t handle = own_handle_users > 0 ? own_handle(dtype) : at::cuda::getCurrentCUDABlasHandle();
+  // PyTorch's handle: sets the current stream and the workspace on it.
+  cublasHandle_t handle = own_handle_users > 0 ? own_handle() : at::cuda::getCurrentCUDABlasHandle();
+  // The math mode for these GEMMs (TF32 is a float32 matter), and the
+  // handle's own put back after them.
+  cublasMath_t math_before;
+  check(cublasGetMathMode(handle, &math_before), "cublasGetMathMode");
+  check(cublasSetMathMode(handle, tf32 && dtype == c10::ScalarType::Float ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                                          : CUBLAS_DEFAULT_MATH),
+        "cublasSetMathMode");
+  struct RestoreMath {
+    cublasHandle_t handle;
+    cublasMath_t math;
+    ~RestoreMath() { (void)cublasSetMathMode(handle, math); }
+  } restore{handle, math_before};
   const double one_d = 1.0, zero_d = 0.0;
   const float one_f = 1.0f, zero_f = 0.0f;
   const bool is_double = dtype == c10::ScalarType::Double;
@@ -128,7 +134,7 @@ void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count) {
 }
 
 OwnBlasHandle::OwnBlasHandle() {
-  (void)own_handle(c10::ScalarType::Float);  // created here, outside any capture
+  (void)own_handle();  // created here, outside any capture
   (void)own_workspace(c10::cuda::current_device());
   ++own_handle_users;
 }

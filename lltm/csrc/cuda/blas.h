@@ -29,14 +29,16 @@ struct Gemm {
 };
 
 // Runs the GEMMs in order on the current stream of the current device with
-// PyTorch's cuBLAS handle (its workspace, and its TF32 setting for float32,
-// so results match torch.mm). GEMMs with m, n or k = 0 are skipped; with
-// k = 0 and accumulate unset, C must be cleared by the caller.
-void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count);
+// PyTorch's cuBLAS handle (and its workspace). float32 runs on TF32 tensor
+// cores where `tf32` is set, else strict fp32 (the caller's choice:
+// precision.h's tf32_products for its pass); the handle's math mode is put
+// back afterwards. GEMMs with m, n or k = 0 are skipped; with k = 0 and
+// accumulate unset, C must be cleared by the caller.
+void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool tf32);
 
 // While one is alive on this thread, run_gemms uses a cuBLAS handle of
 // lltm's own (one per thread and device, made by the constructor, so never
-// inside a capture), with PyTorch's TF32 switch and a workspace of lltm's
+// inside a capture), with a workspace of lltm's
 // own per device, instead of PyTorch's handle. For the GEMMs of graphs that
 // lltm replays itself (seq_graph.h): PyTorch's workspaces belong to a
 // stream, and a graph replayed on another stream must not share one with

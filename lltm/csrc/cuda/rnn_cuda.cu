@@ -20,7 +20,6 @@
 //   grad_W_hh  = dzh_0^T h0 + dzh_{1:}^T output_{:-1}  (h_{t-1} is the previous
 //                output on every row whose dzh is not 0),  grad_b_hh = sums of dzh
 // No atomics: every gradient element is written by one GEMM or reduction.
-#include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
@@ -35,6 +34,7 @@
 #include <string_view>
 
 #include "../lltm.h"
+#include "../precision.h"
 #include "../rnn.h"
 #include "../rnn_ops.h"
 #include "blas.h"
@@ -73,6 +73,7 @@ void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowM
   at::Tensor zh = Cell::kSplit ? at::empty({B, GS}, options) : at::Tensor();
   const char* w_ptr = static_cast<const char*>(w_hh.tensor.const_data_ptr());
   const unsigned int blocks = pointwise_blocks(n, a.input.get_device());
+  const bool tf32 = tf32_products(false);  // the forward's cuBLAS math (precision.h)
   // The launches, replayed from a CUDA graph where the same call repeats:
   // the key holds every value they bake in.
   GraphKey key = {0,
@@ -84,7 +85,7 @@ void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowM
                   w_hh.ld,
                   state0[0].ld,
                   NS > 1 ? state0[NS - 1].ld : 0,
-                  at::globalContext().allowTF32CuBLAS()};
+                  tf32_products(/*backward=*/false)};
   for (const void* p :
        {static_cast<const void*>(zx.const_data_ptr()), static_cast<const void*>(w_ptr),
         state0[0].tensor.const_data_ptr(), NS > 1 ? state0[NS - 1].tensor.const_data_ptr() : nullptr,
@@ -123,7 +124,7 @@ void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowM
                                 !Cell::kSplit,
                                 Cell::kSplit ? zh.mutable_data_ptr() : zx_t,
                                 GS};
-        run_gemms(dtype, &recurrent, 1);
+        run_gemms(dtype, &recurrent, 1, tf32);
         p.zx = zx_t;
         p.zh = Cell::kSplit ? zh.const_data_ptr<scalar_t>() : nullptr;
         p.saved = saved.mutable_data_ptr<scalar_t>() + t * B * Cell::kSaved * S;
@@ -196,6 +197,7 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
   }
   const at::Tensor g_out = from.grad_output;
   const unsigned int blocks = pointwise_blocks(n, a.input.get_device());
+  const bool tf32 = tf32_products(true);
   GraphKey key = {1,
                   cell_key<Cell>(),
                   static_cast<int64_t>(dtype),
@@ -205,7 +207,7 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
                   w_hh.ld,
                   state0[0].ld,
                   want_state,
-                  at::globalContext().allowTF32CuBLAS()};
+                  tf32_products(/*backward=*/true)};
   for (const void* p :
        {static_cast<const void*>(dh.const_data_ptr()), ptr_or_null(g_out), ds.const_data_ptr(),
         saved.const_data_ptr(), output.const_data_ptr(), state0[0].tensor.const_data_ptr(),
@@ -247,7 +249,7 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
         if (t > 0 || want_state) {
           // d h_{t-1} += dzh_t W_hh: (B, S) = (B, G S) (G S, S)
           const Gemm recurrent = {false, false, B, S, GS, dzh_t, GS, w_ptr, w_hh.ld, true, p.dh_out, S};
-          run_gemms(dtype, &recurrent, 1);
+          run_gemms(dtype, &recurrent, 1, tf32);
         }
       }
     });
@@ -311,7 +313,7 @@ void fused_rnn_forward_cuda(const RnnArgs& a, at::Tensor& output, std::vector<at
                              false,
                              zx.mutable_data_ptr(),
                              G * S};
-    run_gemms(x.scalar_type(), &projection, 1);
+    run_gemms(x.scalar_type(), &projection, 1, tf32_products(false));
   }
   RnnArgs args = a;
   args.b_ih = b_ih;
@@ -411,7 +413,7 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
                         d.data(),    d.ld};
     }
   }
-  run_gemms(dtype, gemms, count);
+  run_gemms(dtype, gemms, count, tf32_products(true));
   for (Destination& d : outs) d.finish();
   // Column sums in float for half and bfloat16 (ATen's reduction).
   if (grads.b_ih.defined()) at::sum_out(grads.b_ih, dzx.view({T * B, GS}), {0});
