@@ -57,9 +57,15 @@ def set_fp32_precision(mode: Optional[str]) -> None:
     switch. Raises ValueError for anything else."""
     global _setting
     _check(mode)
-    if _extension.try_load() is not None:
-        torch.ops.lltm._set_fp32_precision(mode or "")
     _setting = mode
+    _push()
+
+
+def _push() -> None:
+    """Hands the setting to lltm._C, where the operators read it, once the library is loaded (a setting
+    made before that goes there when it loads: lltm._extension calls this)."""
+    if _extension.loaded_mode() is not None:
+        torch.ops.lltm._set_fp32_precision(_setting or "")
 
 
 def get_fp32_precision() -> Optional[str]:

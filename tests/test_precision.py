@@ -108,3 +108,27 @@ def test_accurate_within_2x_of_strict(steps, backend):
     assert not bad, f"accurate vs strict error (T={steps}, {backend}): {bad}"
     if steps == 1000:
         assert errors["tf32"]["d_weights"] > 10 * accurate["d_weights"], errors
+
+
+@cuda
+@pytest.mark.parametrize("path", ["auto", "loop"])
+def test_a_change_of_mode_never_replays_a_stale_graph_or_plan(monkeypatch, path):
+    """The same call (same tensors, so the same graph key but for the mode) in ieee, tf32, accurate and
+    ieee again: the accurate forward is the strict one bit for bit, the TF32 one is not; replayed
+    graphs and cached plans follow the mode."""
+    if not lltm.backends("cuda").get("fused"):
+        pytest.skip("fused not built for CUDA")
+    if path != "auto":
+        monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    torch.manual_seed(0)
+    layer = lltm.LLTM(32, 128, backend="fused").cuda()
+    x = torch.randn(100, 16, 32, device="cuda")
+    outputs = {}
+    for mode in ("ieee", "tf32", "accurate", "ieee"):
+        with lltm.fp32_precision(mode), torch.no_grad():
+            for _ in range(3):  # the second call captures a graph, the third replays it
+                out, _ = layer(x)
+        outputs.setdefault(mode, []).append(out.clone())
+    assert torch.equal(outputs["ieee"][0], outputs["ieee"][1])
+    assert torch.equal(outputs["accurate"][0], outputs["ieee"][0])
+    assert not torch.equal(outputs["tf32"][0], outputs["ieee"][0])
