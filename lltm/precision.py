@@ -27,8 +27,8 @@ at every call (so a torch.compile'd model follows it; set it outside compiled
 regions). The fused CUDA backend follows it in every product. The "aten"
 backend's products are at::mm, which follows torch's switch: lltm's mode
 only takes TF32 away from them ("ieee", and "accurate"'s forward); without
-TF32 allowed by torch they stay strict. The "python" backend and CPU
-backends follow torch alone (TF32 is a CUDA matter).
+TF32 allowed by torch they stay strict. The "python" backend follows torch
+alone, and so does everything on the CPU.
 """
 
 from __future__ import annotations
