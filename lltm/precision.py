@@ -13,10 +13,11 @@ Modes (docs/precision.md has the measurements):
                 the fastest, and at long T it loses the LLTM's gradients
                 (no forget gate: the cell state keeps every step's rounding
                 error of the forward, and the gradients follow that state)
-    "accurate"  the forward's products (x W_ih^T, h W_hh^T) strict fp32, the
-                backward's (d h = dz W_hh, the input and weight gradients)
-                on TF32: errors of output and gradients within 2x of strict
-                fp32's, at a fraction of strict fp32's cost over TF32
+    "accurate"  fp32-class accuracy with tensor cores where they keep it: the
+                GEMMs over all T*B rows (x W_ih^T, dz W_ih, dz^T x, dz^T h)
+                as 3xTF32 (each operand split into two TF32 parts, three TF32
+                GEMMs), the per-step recurrent products strict fp32 (fused
+                CUDA backend; the aten backend runs everything strict)
     None        follow torch: "tf32" where torch allows TF32 for cuBLAS
                 matmuls (torch.backends.cuda.matmul.allow_tf32 = True,
                 .fp32_precision = "tf32", torch.set_float32_matmul_precision
@@ -26,7 +27,7 @@ The setting is lltm's own, process-wide, and read by the compiled operators
 at every call (so a torch.compile'd model follows it; set it outside compiled
 regions). The fused CUDA backend follows it in every product. The "aten"
 backend's products are at::mm, which follows torch's switch: lltm's mode
-only takes TF32 away from them ("ieee", and "accurate"'s forward); without
+only takes TF32 away from them ("ieee" and "accurate": strict); without
 TF32 allowed by torch they stay strict. The "python" backend follows torch
 alone, and so does everything on the CPU.
 """

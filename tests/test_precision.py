@@ -114,8 +114,8 @@ def test_accurate_within_2x_of_strict(steps, backend):
 @pytest.mark.parametrize("path", ["auto", "loop"])
 def test_a_change_of_mode_never_replays_a_stale_graph_or_plan(monkeypatch, path):
     """The same call (same tensors, so the same graph key but for the mode) in ieee, tf32, accurate and
-    ieee again: the accurate forward is the strict one bit for bit, the TF32 one is not; replayed
-    graphs and cached plans follow the mode."""
+    ieee again: the second ieee run is the first bit for bit (no TF32 graph or plan replayed), the
+    TF32 one is not, and the accurate one is far closer to strict than TF32 is."""
     if not lltm.backends("cuda").get("fused"):
         pytest.skip("fused not built for CUDA")
     if path != "auto":
@@ -129,6 +129,8 @@ def test_a_change_of_mode_never_replays_a_stale_graph_or_plan(monkeypatch, path)
             for _ in range(3):  # the second call captures a graph, the third replays it
                 out, _ = layer(x)
         outputs.setdefault(mode, []).append(out.clone())
-    assert torch.equal(outputs["ieee"][0], outputs["ieee"][1])
-    assert torch.equal(outputs["accurate"][0], outputs["ieee"][0])
-    assert not torch.equal(outputs["tf32"][0], outputs["ieee"][0])
+    strict = outputs["ieee"][0]
+    assert torch.equal(outputs["ieee"][1], strict)
+    tf32_gap = (outputs["tf32"][0] - strict).abs().max().item()
+    assert tf32_gap > 0
+    assert (outputs["accurate"][0] - strict).abs().max().item() < tf32_gap / 10

@@ -1,18 +1,24 @@
 // How lltm's float32 products run: strict fp32, TF32 tensor cores, or the
-// accurate TF32 mode (docs/precision.md).
+// accurate mode: tensor cores at fp32's accuracy (docs/precision.md).
 //
 // The LLTM has no forget gate: its cell state sums every step's update, and
 // the forward's rounding errors stay in it for the rest of the sequence.
 // TF32's 10-bit mantissa in the gate pre-activations (x W_ih^T and
 // h_{t-1} W_hh^T) moves the forward trajectory far enough that at T = 1000
-// every gradient is lost (relative error ~1), while TF32 in the backward's
-// products (d h_{t-1} = dz_t W_hh, the input and parameter gradients over
-// T*B rows) costs nothing measurable: they are linear in the gradient, their
-// errors do not feed a long recurrence that amplifies them. So:
+// every gradient is lost (relative error ~1). TF32 in the backward alone
+// costs little at T = 1000 (where strict fp32 itself keeps only ~3 digits)
+// but ~5e-4 of every gradient at T = 100 to 200, 40x strict fp32's: within
+// 2x of strict fp32 at every T needs fp32-class products everywhere. So:
 //
 //   kIeee      every product strict fp32
 //   kTf32      every product on TF32 tensor cores
-//   kAccurate  the forward's products strict fp32, the backward's on TF32
+//   kAccurate  the recurrent products (one step's h W_hh^T, dz W_hh) strict
+//              fp32 (the persistent kernels' FMA dot, strict step GEMMs);
+//              the GEMMs over all T*B rows (x W_ih^T, dz W_ih, dz^T x,
+//              dz^T h) as 3xTF32 on the fused CUDA backend (each operand
+//              split into a TF32 part and a TF32 remainder, three TF32
+//              GEMMs: tensor cores at about fp32's accuracy), strict fp32
+//              where ATen runs them
 //
 // The mode is lltm's own setting (lltm.set_fp32_precision, the operator
 // lltm::_set_fp32_precision), or, where none is set, PyTorch's: TF32 where
@@ -57,11 +63,16 @@ inline Fp32Mode fp32_mode() {
 }
 
 // Whether float32 products of the forward (backward = false) or the backward
-// pass may run on TF32 tensor cores now.
+// pass may run on plain TF32 tensor cores now (the same for both passes in
+// every mode so far; a pass's caches key on it).
 inline bool tf32_products(bool backward) {
-  const Fp32Mode mode = fp32_mode();
-  return mode == Fp32Mode::kTf32 || (mode == Fp32Mode::kAccurate && backward);
+  (void)backward;
+  return fp32_mode() == Fp32Mode::kTf32;
 }
+
+// Whether the fused CUDA backend runs its float32 GEMMs over all T*B rows as
+// 3xTF32 now (the accurate mode).
+inline bool split_tf32_rows() { return fp32_mode() == Fp32Mode::kAccurate; }
 
 // For code whose products are ATen's (at::mm follows torch's TF32 switch):
 // turns TF32 off on this thread for its scope where lltm's mode wants the

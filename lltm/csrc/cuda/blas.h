@@ -36,6 +36,15 @@ struct Gemm {
 // accumulate unset, C must be cleared by the caller.
 void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool tf32);
 
+// float32 GEMMs as 3xTF32: each operand X split into big = tf32(X) and
+// small = tf32(X - big) (together 22 of float32's 24 significant bits), and
+// C = A_big B_small + A_small B_big + A_big B_big (+ C) as three TF32 GEMMs
+// with float32 sums, small products first: tensor cores at about float32's
+// accuracy (the dropped A_small B_small is ~2^-22 of a product). The split
+// operands are allocated here (an operand used by several of the GEMMs is
+// split once): not for the launches of a graph lltm captures itself.
+void run_gemms_split_tf32(const Gemm* gemms, int count);
+
 // While one is alive on this thread, run_gemms uses a cuBLAS handle of
 // lltm's own (one per thread and device, made by the constructor, so never
 // inside a capture), with a workspace of lltm's

@@ -52,6 +52,16 @@ namespace {
 
 const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
 
+// The GEMMs over all T*B rows (outside any graph of lltm's own): 3xTF32 for
+// float32 in the accurate mode, else as the mode says (precision.h).
+void run_row_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool backward) {
+  if (dtype == c10::ScalarType::Float && split_tf32_rows()) {
+    run_gemms_split_tf32(gemms, count);
+  } else {
+    run_gemms(dtype, gemms, count, tf32_products(backward));
+  }
+}
+
 template <typename Cell>
 int64_t cell_key() {
   return static_cast<int64_t>(std::hash<std::string_view>{}(Cell::kName));
@@ -313,7 +323,7 @@ void fused_rnn_forward_cuda(const RnnArgs& a, at::Tensor& output, std::vector<at
                              false,
                              zx.mutable_data_ptr(),
                              G * S};
-    run_gemms(x.scalar_type(), &projection, 1, tf32_products(false));
+    run_row_gemms(x.scalar_type(), &projection, 1, false);
   }
   RnnArgs args = a;
   args.b_ih = b_ih;
@@ -413,7 +423,7 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
                         d.data(),    d.ld};
     }
   }
-  run_gemms(dtype, gemms, count, tf32_products(true));
+  run_row_gemms(dtype, gemms, count, true);
   for (Destination& d : outs) d.finish();
   // Column sums in float for half and bfloat16 (ATen's reduction).
   if (grads.b_ih.defined()) at::sum_out(grads.b_ih, dzx.view({T * B, GS}), {0});

@@ -30,8 +30,8 @@
 // unit's rows for the whole loop, where they fit: at most kRegChunks chunks
 // a lane) or in shared memory, or warp-level tensor-core MMA (mma.sync, sm_80+) into a small
 // shared-memory tile: bf16 / fp16 inputs, and float32 on TF32 where lltm's
-// mode allows it in the pass (precision.h: torch's TF32 switch, or
-// lltm.set_fp32_precision; "accurate" keeps the forward strict); accumulation is
+// mode allows it (precision.h: torch's TF32 switch, or
+// lltm.set_fp32_precision "tf32"; "accurate" keeps them strict); accumulation is
 // float in every case. (Strict float32 as 3xTF32 was measured and left out:
 // slower than the FMA chain at every size tried, and 8x plain fp32's error
 // at T = 1000: docs/benchmarks.md.)
