@@ -58,15 +58,25 @@ def set_fp32_precision(mode: Optional[str]) -> None:
     switch. Raises ValueError for anything else."""
     global _setting
     _check(mode)
-    _setting = mode
-    _push()
+    before, _setting = _setting, mode
+    try:
+        _push()
+    except Exception:
+        _setting = before
+        raise
 
 
 def _push() -> None:
     """Hands the setting to lltm._C, where the operators read it, once the library is loaded (a setting
     made before that goes there when it loads: lltm._extension calls this)."""
-    if _extension.loaded_mode() is not None:
-        torch.ops.lltm._set_fp32_precision(_setting or "")
+    if _extension.loaded_mode() is None:
+        return
+    op = getattr(torch.ops.lltm, "_set_fp32_precision", None)
+    if op is None:  # a library built before the setting existed
+        if _setting is not None:
+            raise RuntimeError(f"lltm: the loaded lltm._C has no fp32 precision setting; {_extension.BUILD_HINT}")
+        return
+    op(_setting or "")
 
 
 def get_fp32_precision() -> Optional[str]:
