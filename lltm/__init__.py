@@ -14,8 +14,24 @@ Backends: "python" (pure PyTorch), "aten" (C++ with ATen ops) and "fused"
 from lltm import _extension, cells, functional
 from lltm._backends import backends
 from lltm.modules import GRU, LLTM, LSTM, GRUCell, LLTMCell, LSTMCell
+from lltm.precision import fp32_mode, fp32_precision, get_fp32_precision, set_fp32_precision
 
 __version__ = "0.1.0"
-__all__ = ["LLTM", "LLTMCell", "LSTM", "GRU", "LSTMCell", "GRUCell", "backends", "cells", "functional", "__version__"]
+__all__ = [
+    "LLTM",
+    "LLTMCell",
+    "LSTM",
+    "GRU",
+    "LSTMCell",
+    "GRUCell",
+    "backends",
+    "cells",
+    "functional",
+    "fp32_mode",
+    "fp32_precision",
+    "get_fp32_precision",
+    "set_fp32_precision",
+    "__version__",
+]
 
 _extension.preload_prebuilt()

@@ -266,8 +266,12 @@ def load() -> str:
         _mode = None
         _error = f"lltm: the compiled extension is not available ({exc}); {BUILD_HINT}"
         raise RuntimeError(_error) from exc
-    from lltm import _meta  # noqa: F401  (fake kernels need the schemas)
+    from lltm import (
+        _meta,  # noqa: F401  (fake kernels need the schemas)
+        precision,
+    )
 
+    precision._push()  # lltm's float32 mode, if set before the library loaded
     return _mode
 
 
@@ -320,4 +324,9 @@ def preload_prebuilt() -> None:
         _error = f"lltm: the compiled extension is not available ({exc}); {BUILD_HINT}"
         return
     _mode = "aot"
-    from lltm import _meta  # noqa: F401
+    from lltm import (
+        _meta,  # noqa: F401
+        precision,
+    )
+
+    precision._push()

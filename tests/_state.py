@@ -21,6 +21,8 @@ from typing import Any, Callable, Dict, Tuple
 import torch
 import torch.utils.deterministic
 
+import lltm
+
 # The legacy TF32 getters raise once the fp32_precision API (torch >= 2.9) set
 # a conflicting value: such a state reads as this marker, never equal to a
 # snapshot, and the legacy setters put a consistent state back.
@@ -78,6 +80,8 @@ SWITCHES: Dict[str, Tuple[Callable[[], Any], Callable[[Any], None]]] = {
     "cudnn_benchmark": (lambda: torch.backends.cudnn.benchmark, _set_attr(torch.backends.cudnn, "benchmark")),
     "cudnn_enabled": (lambda: torch.backends.cudnn.enabled, _set_attr(torch.backends.cudnn, "enabled")),
     "default_dtype": (torch.get_default_dtype, torch.set_default_dtype),
+    # lltm's own float32 precision mode (lltm.set_fp32_precision; None follows torch)
+    "lltm_fp32_precision": (lltm.get_fp32_precision, lltm.set_fp32_precision),
     "num_threads": (torch.get_num_threads, torch.set_num_threads),
 }
 

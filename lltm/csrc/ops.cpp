@@ -12,6 +12,7 @@
 
 #include "backends.h"
 #include "lltm.h"
+#include "precision.h"
 #include "rnn.h"
 #include "rnn_schema.h"
 
@@ -99,6 +100,9 @@ TORCH_LIBRARY(lltm, m) {
   m.def("_build_info() -> str", &build_info);
   m.def("_compiled_backends() -> str[]", &compiled_backends);
   m.def("_compiled_cells() -> str[]", &compiled_cells);
+  // lltm's float32 precision mode (precision.h; lltm.set_fp32_precision)
+  m.def("_set_fp32_precision(str mode) -> ()", &lltm::set_fp32_precision);
+  m.def("_fp32_precision_setting() -> int", &lltm::fp32_precision_setting);
 #ifdef LLTM_WITH_CUDA
   m.def(
       "_fused_cuda_seq_plan(bool backward, int steps, int batch, int state, "

@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include "../lltm.h"
+#include "../precision.h"
 
 namespace lltm {
 
@@ -19,6 +20,7 @@ CellForwardResult aten_cell_forward(const at::Tensor& input, const at::Tensor& w
                                     const std::optional<at::Tensor>& bias, const at::Tensor& old_h,
                                     const at::Tensor& old_cell) {
   check_cell_forward_args("lltm::aten_cell_forward", input, weights, bias, old_h, old_cell);
+  const Fp32PassGuard precision(false);  // the forward's products as lltm's mode wants (precision.h)
   const int64_t state = weights.size(0) / 3;
   // X = [old_h, input]: (B, S + I); gates = X W^T + b: (B, 3S)
   const at::Tensor X = at::cat({old_h, input}, 1);
@@ -42,6 +44,7 @@ CellBackwardResult aten_cell_backward(const at::Tensor& grad_h, const at::Tensor
                                       const at::Tensor& old_h, OutputMask output_mask) {
   check_cell_backward_args("lltm::aten_cell_backward", grad_h, grad_cell, new_cell, gates, input, weights,
                            old_h);
+  const Fp32PassGuard precision(true);  // the backward's products as lltm's mode wants (precision.h)
   const AskedGradients asked(output_mask, gates.options());
   if (!asked.any()) return asked.placeholders();
   const int64_t state = weights.size(0) / 3;

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../precision.h"
 #include "../rnn.h"
 #include "../rnn_ops.h"
 #include "tensor_math.h"
@@ -168,10 +169,12 @@ struct Aten : NoGuard {
   template <typename Cell>
   static void forward(const RnnArgs& a, at::Tensor& output, std::vector<at::Tensor>& state_n,
                       at::Tensor& saved) {
+    const Fp32PassGuard precision(false);  // the pass's products as lltm's mode wants (precision.h)
     aten_rnn::forward<Cell>(a, output, state_n, saved);
   }
   template <typename Cell>
   static void backward(const RnnArgs& a, const RnnBackwardArgs& from, RnnGradients& grads) {
+    const Fp32PassGuard precision(true);
     aten_rnn::backward<Cell>(a, from, grads);
   }
 };

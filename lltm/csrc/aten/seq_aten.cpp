@@ -25,6 +25,7 @@
 #include <torch/library.h>
 
 #include "../lltm.h"
+#include "../precision.h"
 
 namespace lltm {
 namespace {
@@ -47,6 +48,7 @@ SeqForwardResult aten_seq_forward(const at::Tensor& input, const at::Tensor& wei
                                   const std::optional<at::Tensor>& bias, const at::Tensor& h0,
                                   const at::Tensor& c0, const std::optional<at::Tensor>& lengths) {
   check_seq_forward_args(kForwardOp, input, weights, bias, h0, c0, lengths);
+  const Fp32PassGuard precision(false);  // the forward's products as lltm's mode wants (precision.h)
   const int64_t steps = input.size(0), batch = input.size(1), features = input.size(2),
                 state = weights.size(0) / 3;
   const auto options = input.options();
@@ -110,6 +112,7 @@ SeqBackwardResult aten_seq_backward(const std::optional<at::Tensor>& grad_output
                                     const std::optional<at::Tensor>& lengths, OutputMask output_mask) {
   check_seq_backward_args(kBackwardOp, grad_output, grad_h_n, grad_c_n, input, weights, h0, c0, output, gates,
                           lengths);
+  const Fp32PassGuard precision(true);  // the backward's products as lltm's mode wants (precision.h)
   const auto options = input.options();
   const AskedGradients asked(output_mask, options);
   if (!asked.any()) return asked.placeholders();

@@ -1,14 +1,19 @@
 // cuBLAS calls of the fused CUDA backend (see blas.h).
-#include <ATen/Context.h>
 #include <ATen/cuda/CUDAContextLight.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 #include <cublas_v2.h>
 
+#include <cstdint>
 #include <limits>
+#include <map>
 #include <mutex>
+#include <tuple>
+#include <vector>
 
 #include "blas.h"
 
@@ -47,11 +52,10 @@ void* own_workspace(int device) {
 }
 
 // lltm's handle of the current device for this thread, bound to the current
-// stream, with PyTorch's TF32 switch and lltm's workspace (see
-// OwnBlasHandle). Created on first use (never during a capture:
-// OwnBlasHandle's constructor makes it) and kept for the thread's life, like
-// PyTorch's.
-cublasHandle_t own_handle(c10::ScalarType dtype) {
+// stream, with lltm's workspace (see OwnBlasHandle). Created on first use
+// (never during a capture: OwnBlasHandle's constructor makes it) and kept
+// for the thread's life, like PyTorch's.
+cublasHandle_t own_handle() {
   thread_local cublasHandle_t handles[kMaxDevices] = {};
   const int device = c10::cuda::current_device();
   TORCH_CHECK(device >= 0 && device < kMaxDevices, "lltm::fused (CUDA): device ", device, " is past the ",
@@ -59,10 +63,30 @@ cublasHandle_t own_handle(c10::ScalarType dtype) {
   cublasHandle_t& handle = handles[device];
   if (handle == nullptr) check(cublasCreate(&handle), "cublasCreate");
   check(cublasSetStream(handle, c10::cuda::getCurrentCUDAStream()), "cublasSetStream");
-  const bool tf32 = dtype == c10::ScalarType::Float && at::globalContext().allowTF32CuBLAS();
-  check(cublasSetMathMode(handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
-        "cublasSetMathMode");
   return handle;
+}
+
+// x rounded to TF32 (10 explicit mantissa bits, to nearest, ties away from
+// zero: cvt.rna.tf32.f32's rounding); infinities and NaNs pass unchanged.
+__device__ __forceinline__ float round_tf32(float x) {
+  const uint32_t bits = __float_as_uint(x);
+  if ((bits & 0x7f800000u) == 0x7f800000u) return x;
+  return __uint_as_float((bits + 0x1000u) & 0xffffe000u);
+}
+
+// big = tf32(src), small = tf32(src - big) for a (rows, cols) row-major
+// matrix with leading dimension ld; big and small are contiguous (ld = cols).
+__global__ void split_tf32_kernel(const float* __restrict__ src, int64_t rows, int64_t cols, int64_t ld,
+                                  float* __restrict__ big, float* __restrict__ small) {
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i - r * cols;
+    const float x = src[r * ld + c];
+    const float b = round_tf32(x);
+    big[i] = b;
+    small[i] = round_tf32(x - b);
+  }
 }
 
 int as_int(int64_t v, const char* what) {
@@ -73,13 +97,13 @@ int as_int(int64_t v, const char* what) {
 
 }  // namespace
 
-void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count) {
+void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool tf32) {
   cudaDataType_t type;
   cublasComputeType_t compute;
   switch (dtype) {
     case c10::ScalarType::Float:
       type = CUDA_R_32F;
-      compute = CUBLAS_COMPUTE_32F;  // TF32 only if torch enables it
+      compute = CUBLAS_COMPUTE_32F;  // TF32 only through the math mode below
       break;
     case c10::ScalarType::Double:
       type = CUDA_R_64F;
@@ -96,9 +120,20 @@ void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count) {
     default:
       TORCH_CHECK(false, "lltm::fused (CUDA): no GEMM for dtype ", dtype);
   }
-  // PyTorch's handle: sets the current stream, the workspace and the math
-  // mode on it.
-  cublasHandle_t handle = own_handle_users > 0 ? own_handle(dtype) : at::cuda::getCurrentCUDABlasHandle();
+  // PyTorch's handle: sets the current stream and the workspace on it.
+  cublasHandle_t handle = own_handle_users > 0 ? own_handle() : at::cuda::getCurrentCUDABlasHandle();
+  // The math mode for these GEMMs (TF32 is a float32 matter), and the
+  // handle's own put back after them.
+  cublasMath_t math_before;
+  check(cublasGetMathMode(handle, &math_before), "cublasGetMathMode");
+  check(cublasSetMathMode(handle, tf32 && dtype == c10::ScalarType::Float ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                                          : CUBLAS_DEFAULT_MATH),
+        "cublasSetMathMode");
+  struct RestoreMath {
+    cublasHandle_t handle;
+    cublasMath_t math;
+    ~RestoreMath() { (void)cublasSetMathMode(handle, math); }
+  } restore{handle, math_before};
   const double one_d = 1.0, zero_d = 0.0;
   const float one_f = 1.0f, zero_f = 0.0f;
   const bool is_double = dtype == c10::ScalarType::Double;
@@ -127,8 +162,57 @@ void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count) {
   }
 }
 
+void run_gemms_split_tf32(const Gemm* gemms, int count) {
+  // (data, rows, cols, ld) -> the (2, rows, cols) split: big, then small
+  std::map<std::tuple<const void*, int64_t, int64_t, int64_t>, at::Tensor> splits;
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, c10::cuda::current_device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  auto split = [&](const void* data, int64_t rows, int64_t cols, int64_t ld) -> const float* {
+    at::Tensor& out = splits[{data, rows, cols, ld}];
+    if (!out.defined()) {
+      out = at::empty({2, rows, cols}, options);
+      float* big = out.mutable_data_ptr<float>();
+      const int64_t total = rows * cols;
+      const int threads = 256;
+      const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, int64_t(1) << 16);
+      split_tf32_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+          static_cast<const float*>(data), rows, cols, ld, big, big + total);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    return out.const_data_ptr<float>();
+  };
+  std::vector<Gemm> parts;
+  parts.reserve(3 * count);
+  for (int i = 0; i < count; ++i) {
+    const Gemm& g = gemms[i];
+    if (g.m == 0 || g.n == 0 || g.k == 0) {
+      parts.push_back(g);  // run_gemms skips it
+      continue;
+    }
+    // A is stored (k x m) when transposed, else (m x k); B (n x k), else (k x n).
+    const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+    const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+    const float* a = split(g.a, a_rows, a_cols, g.lda);
+    const float* b = split(g.b, b_rows, b_cols, g.ldb);
+    const float *a_small = a + a_rows * a_cols, *b_small = b + b_rows * b_cols;
+    Gemm part = g;
+    part.lda = a_cols;
+    part.ldb = b_cols;
+    part.a = a;  // A_big B_small (+ C)
+    part.b = b_small;
+    parts.push_back(part);
+    part.accumulate = true;
+    part.a = a_small;  // + A_small B_big
+    part.b = b;
+    parts.push_back(part);
+    part.a = a;  // + A_big B_big
+    parts.push_back(part);
+  }
+  run_gemms(c10::ScalarType::Float, parts.data(), static_cast<int>(parts.size()), true);
+}
+
 OwnBlasHandle::OwnBlasHandle() {
-  (void)own_handle(c10::ScalarType::Float);  // created here, outside any capture
+  (void)own_handle();  // created here, outside any capture
   (void)own_workspace(c10::cuda::current_device());
   ++own_handle_users;
 }

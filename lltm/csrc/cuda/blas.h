@@ -29,14 +29,25 @@ struct Gemm {
 };
 
 // Runs the GEMMs in order on the current stream of the current device with
-// PyTorch's cuBLAS handle (its workspace, and its TF32 setting for float32,
-// so results match torch.mm). GEMMs with m, n or k = 0 are skipped; with
-// k = 0 and accumulate unset, C must be cleared by the caller.
-void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count);
+// PyTorch's cuBLAS handle (and its workspace). float32 runs on TF32 tensor
+// cores where `tf32` is set, else strict fp32 (the caller's choice:
+// precision.h's tf32_products for its pass); the handle's math mode is put
+// back afterwards. GEMMs with m, n or k = 0 are skipped; with k = 0 and
+// accumulate unset, C must be cleared by the caller.
+void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool tf32);
+
+// float32 GEMMs as 3xTF32: each operand X split into big = tf32(X) and
+// small = tf32(X - big) (together 22 of float32's 24 significant bits), and
+// C = A_big B_small + A_small B_big + A_big B_big (+ C) as three TF32 GEMMs
+// with float32 sums, small products first: tensor cores at about float32's
+// accuracy (the dropped A_small B_small is ~2^-22 of a product). The split
+// operands are allocated here (an operand used by several of the GEMMs is
+// split once): not for the launches of a graph lltm captures itself.
+void run_gemms_split_tf32(const Gemm* gemms, int count);
 
 // While one is alive on this thread, run_gemms uses a cuBLAS handle of
 // lltm's own (one per thread and device, made by the constructor, so never
-// inside a capture), with PyTorch's TF32 switch and a workspace of lltm's
+// inside a capture), with a workspace of lltm's
 // own per device, instead of PyTorch's handle. For the GEMMs of graphs that
 // lltm replays itself (seq_graph.h): PyTorch's workspaces belong to a
 // stream, and a graph replayed on another stream must not share one with

@@ -15,6 +15,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "../lltm.h"
+#include "../precision.h"
 #include "blas.h"
 #include "guard.h"
 #include "launch_utils.h"
@@ -193,7 +194,7 @@ CellBackwardResult fused_cell_backward_cuda(const at::Tensor& grad_h, const at::
         true, false, S3, features, batch, dp, S3, x.tensor.const_data_ptr(), x.ld, false, gw + state * elem,
         K};
   }
-  run_gemms(input.scalar_type(), gemms, count);
+  run_gemms(input.scalar_type(), gemms, count, tf32_products(true));
   return result();
 }
 

@@ -14,6 +14,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "../lltm.h"
+#include "../precision.h"
 #include "blas.h"
 #include "guard.h"
 #include "launch_utils.h"
@@ -130,7 +131,7 @@ CellForwardResult fused_cell_forward_cuda(const at::Tensor& input, const at::Ten
                      false,
                      gates.mutable_data_ptr(),
                      3 * state};
-  run_gemms(input.scalar_type(), &gemm, 1);
+  run_gemms(input.scalar_type(), &gemm, 1, tf32_products(false));
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "lltm_fused_forward", [&] {
     constexpr int kVec = 16 / sizeof(scalar_t);

@@ -5,7 +5,6 @@
 // persistent_<cell>_<direction>.cu files (LLTM_PERSISTENT_FORWARD / _BACKWARD).
 #pragma once
 
-#include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/zeros.h>
@@ -19,6 +18,7 @@
 #include <type_traits>
 
 #include "../lltm.h"
+#include "../precision.h"
 #include "persistent_kernels.cuh"
 #include "seq_persistent.h"
 #include "seq_plan.h"
@@ -183,7 +183,7 @@ DeviceLimits device_limits(int device) {
 }
 
 // The decision for one problem on one device, made once per problem and
-// setting (the environment's overrides and the TF32 switch are in the key;
+// setting (the environment's overrides and the pass's TF32 choice are in the key;
 // each cell, dtype and direction has a cache of its own).
 template <typename Cell, typename scalar_t, bool kBackward>
 const Decision& decide(const Problem& problem, int device) {
@@ -224,8 +224,8 @@ Problem problem_of(bool backward, int64_t steps, int64_t batch, int64_t state) {
   p.state = state;
   p.elem = sizeof(scalar_t);
   p.is_double = std::is_same_v<scalar_t, double>;
-  p.tensor_cores =
-      sizeof(scalar_t) == 2 || (std::is_same_v<scalar_t, float> && at::globalContext().allowTF32CuBLAS());
+  // float32 on tensor cores where lltm's mode allows TF32 in this pass (precision.h)
+  p.tensor_cores = sizeof(scalar_t) == 2 || (std::is_same_v<scalar_t, float> && tf32_products(backward));
   return p;
 }
 

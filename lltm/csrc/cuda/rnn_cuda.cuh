@@ -23,7 +23,6 @@
 // No atomics: every gradient element is written by one GEMM or reduction.
 #pragma once
 
-#include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
@@ -36,6 +35,7 @@
 #include <functional>
 #include <string_view>
 
+#include "../precision.h"
 #include "../rnn.h"
 #include "../rnn_ops.h"
 #include "blas.h"
@@ -50,6 +50,16 @@ namespace lltm {
 namespace cuda_detail {
 
 inline const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
+
+// The GEMMs over all T*B rows (outside any graph of lltm's own): 3xTF32 for
+// float32 in the accurate mode, else as the mode says (precision.h).
+inline void run_row_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool backward) {
+  if (dtype == c10::ScalarType::Float && split_tf32_rows()) {
+    run_gemms_split_tf32(gemms, count);
+  } else {
+    run_gemms(dtype, gemms, count, tf32_products(backward));
+  }
+}
 
 template <typename Cell>
 int64_t cell_key() {
@@ -72,6 +82,7 @@ void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowM
   at::Tensor zh = Cell::kSplit ? at::empty({B, GS}, options) : at::Tensor();
   const char* w_ptr = static_cast<const char*>(w_hh.tensor.const_data_ptr());
   const unsigned int blocks = pointwise_blocks(n, a.input.get_device());
+  const bool tf32 = tf32_products(false);  // the forward's cuBLAS math (precision.h)
   // The launches, replayed from a CUDA graph where the same call repeats:
   // the key holds every value they bake in.
   GraphKey key = {0,
@@ -83,7 +94,7 @@ void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowM
                   w_hh.ld,
                   state0[0].ld,
                   NS > 1 ? state0[NS - 1].ld : 0,
-                  at::globalContext().allowTF32CuBLAS()};
+                  tf32_products(/*backward=*/false)};
   for (const void* p :
        {static_cast<const void*>(zx.const_data_ptr()), static_cast<const void*>(w_ptr),
         state0[0].tensor.const_data_ptr(), NS > 1 ? state0[NS - 1].tensor.const_data_ptr() : nullptr,
@@ -122,7 +133,7 @@ void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowM
                                 !Cell::kSplit,
                                 Cell::kSplit ? zh.mutable_data_ptr() : zx_t,
                                 GS};
-        run_gemms(dtype, &recurrent, 1);
+        run_gemms(dtype, &recurrent, 1, tf32);
         p.zx = zx_t;
         p.zh = Cell::kSplit ? zh.const_data_ptr<scalar_t>() : nullptr;
         p.saved = saved.mutable_data_ptr<scalar_t>() + t * B * Cell::kSaved * S;
@@ -195,6 +206,7 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
   }
   const at::Tensor g_out = from.grad_output;
   const unsigned int blocks = pointwise_blocks(n, a.input.get_device());
+  const bool tf32 = tf32_products(true);
   GraphKey key = {1,
                   cell_key<Cell>(),
                   static_cast<int64_t>(dtype),
@@ -204,7 +216,7 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
                   w_hh.ld,
                   state0[0].ld,
                   want_state,
-                  at::globalContext().allowTF32CuBLAS()};
+                  tf32_products(/*backward=*/true)};
   for (const void* p :
        {static_cast<const void*>(dh.const_data_ptr()), ptr_or_null(g_out), ds.const_data_ptr(),
         saved.const_data_ptr(), output.const_data_ptr(), state0[0].tensor.const_data_ptr(),
@@ -246,7 +258,7 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
         if (t > 0 || want_state) {
           // d h_{t-1} += dzh_t W_hh: (B, S) = (B, G S) (G S, S)
           const Gemm recurrent = {false, false, B, S, GS, dzh_t, GS, w_ptr, w_hh.ld, true, p.dh_out, S};
-          run_gemms(dtype, &recurrent, 1);
+          run_gemms(dtype, &recurrent, 1, tf32);
         }
       }
     });
@@ -309,7 +321,7 @@ void fused_rnn_forward_cuda(const RnnArgs& a, at::Tensor& output, std::vector<at
                              false,
                              zx.mutable_data_ptr(),
                              G * S};
-    run_gemms(x.scalar_type(), &projection, 1);
+    run_row_gemms(x.scalar_type(), &projection, 1, false);
   }
   RnnArgs args = a;
   args.b_ih = b_ih;
@@ -409,7 +421,7 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
                         d.data(),    d.ld};
     }
   }
-  run_gemms(dtype, gemms, count);
+  run_row_gemms(dtype, gemms, count, true);
   for (Destination& d : outs) d.finish();
   // Column sums in float for half and bfloat16 (ATen's reduction).
   if (grads.b_ih.defined()) at::sum_out(grads.b_ih, dzx.view({T * B, GS}), {0});

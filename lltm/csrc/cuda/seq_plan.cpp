@@ -387,7 +387,8 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
                        : p.is_double    ? "LLTM_SEQ_DOT=mma: no tensor-core dot for float64"
                        : !p.mma_dot()
                            ? "LLTM_SEQ_DOT=mma: float32 runs on tensor cores only with TF32 allowed "
-                             "(torch.backends.cuda.matmul.allow_tf32 = True)"
+                             "(torch.backends.cuda.matmul.allow_tf32 = True, or lltm.set_fp32_precision "
+                             "'tf32'; 'accurate' keeps the recurrent products strict)"
                            : "LLTM_SEQ_DOT=mma: no tensor-core MMA kernels for this device or build (sm_80+)";
   auto add_persistent = [&](SeqPath path, int group) {
     Plan best;

@@ -29,8 +29,9 @@
 // fp32), with W_h's slice in registers (each lane holds its k chunks of its
 // unit's rows for the whole loop, where they fit: at most kRegChunks chunks
 // a lane) or in shared memory, or warp-level tensor-core MMA (mma.sync, sm_80+) into a small
-// shared-memory tile: bf16 / fp16 inputs, and float32 on TF32 where the
-// user allowed it (torch.backends.cuda.matmul.allow_tf32); accumulation is
+// shared-memory tile: bf16 / fp16 inputs, and float32 on TF32 where lltm's
+// mode allows it (precision.h: torch's TF32 switch, or
+// lltm.set_fp32_precision "tf32"; "accurate" keeps them strict); accumulation is
 // float in every case. (Strict float32 as 3xTF32 was measured and left out:
 // slower than the FMA chain at every size tried, and 8x plain fp32's error
 // at T = 1000: docs/benchmarks.md.)
@@ -115,7 +116,7 @@ struct Problem {
   int64_t steps = 0, batch = 0, state = 0;
   int elem = 4;  // bytes per element of the tensor dtype
   bool is_double = false;
-  bool tensor_cores = false;  // cuBLAS may use tensor cores (half types, or TF32 allowed)
+  bool tensor_cores = false;  // cuBLAS may use tensor cores (half types, or TF32 allowed in this pass)
   // The persistent kernels may use their tensor-core dot: half types, and
   // float32 where TF32 is allowed.
   bool mma_dot() const { return !is_double && (elem == 2 || tensor_cores); }

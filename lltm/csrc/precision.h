@@ -1,0 +1,91 @@
+// How lltm's float32 products run: strict fp32, TF32 tensor cores, or the
+// accurate mode: tensor cores at fp32's accuracy (docs/precision.md).
+//
+// The LLTM has no forget gate: its cell state sums every step's update, and
+// the forward's rounding errors stay in it for the rest of the sequence.
+// TF32's 10-bit mantissa in the gate pre-activations (x W_ih^T and
+// h_{t-1} W_hh^T) moves the forward trajectory far enough that at T = 1000
+// every gradient is lost (relative error ~1). TF32 in the backward alone
+// costs little at T = 1000 (where strict fp32 itself keeps only ~3 digits)
+// but ~5e-4 of every gradient at T = 100 to 200, 40x strict fp32's: within
+// 2x of strict fp32 at every T needs fp32-class products everywhere. So:
+//
+//   kIeee      every product strict fp32
+//   kTf32      every product on TF32 tensor cores
+//   kAccurate  the recurrent products (one step's h W_hh^T, dz W_hh) strict
+//              fp32 (the persistent kernels' FMA dot, strict step GEMMs);
+//              the GEMMs over all T*B rows (x W_ih^T, dz W_ih, dz^T x,
+//              dz^T h) as 3xTF32 on the fused CUDA backend (each operand
+//              split into a TF32 part and a TF32 remainder, three TF32
+//              GEMMs: tensor cores at about fp32's accuracy), strict fp32
+//              where ATen runs them
+//
+// The mode is lltm's own setting (lltm.set_fp32_precision, the operator
+// lltm::_set_fp32_precision), or, where none is set, PyTorch's: TF32 where
+// torch allows it for cuBLAS matmuls (torch.backends.cuda.matmul.allow_tf32,
+// fp32_precision = "tf32", set_float32_matmul_precision("high" / "medium")),
+// else strict. It is read at every call, inside the operators, so a compiled
+// graph follows it too; the CUDA graphs and plans the fused backend caches
+// carry the resolved per-pass choice in their keys.
+//
+// Header only: libraries compiled apart (a user cell's) read the one setting
+// of lltm._C through the dispatcher.
+#pragma once
+
+#include <ATen/Context.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace lltm {
+
+enum class Fp32Mode : int64_t { kIeee = 0, kTf32 = 1, kAccurate = 2 };
+
+// lltm::_set_fp32_precision: "" follows PyTorch; "ieee", "tf32" and
+// "accurate" set the mode (anything else raises a ValueError).
+void set_fp32_precision(c10::string_view mode);
+// lltm::_fp32_precision_setting: the Fp32Mode set, or -1 (follow PyTorch).
+int64_t fp32_precision_setting();
+
+// The setting as any library sees it (through the dispatcher).
+inline int64_t fp32_setting() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("lltm::_fp32_precision_setting", "").typed<int64_t()>();
+  return op.call();
+}
+
+// The mode in force now.
+inline Fp32Mode fp32_mode() {
+  const int64_t setting = fp32_setting();
+  if (setting >= 0) return static_cast<Fp32Mode>(setting);
+  return at::globalContext().allowTF32CuBLAS() ? Fp32Mode::kTf32 : Fp32Mode::kIeee;
+}
+
+// Whether float32 products of the forward (backward = false) or the backward
+// pass may run on plain TF32 tensor cores now (the same for both passes in
+// every mode so far; a pass's caches key on it).
+inline bool tf32_products(bool backward) {
+  (void)backward;
+  return fp32_mode() == Fp32Mode::kTf32;
+}
+
+// Whether the fused CUDA backend runs its float32 GEMMs over all T*B rows as
+// 3xTF32 now (the accurate mode).
+inline bool split_tf32_rows() { return fp32_mode() == Fp32Mode::kAccurate; }
+
+// For code whose products are ATen's (at::mm follows torch's TF32 switch):
+// turns TF32 off on this thread for its scope where lltm's mode wants the
+// pass strict. It can only take TF32 away: where torch does not allow TF32,
+// ATen's products stay strict whatever lltm's mode.
+class Fp32PassGuard {
+ public:
+  explicit Fp32PassGuard(bool backward) {
+    if (!tf32_products(backward)) guard_.emplace();
+  }
+
+ private:
+  std::optional<at::NoTF32Guard> guard_;
+};
+
+}  // namespace lltm

@@ -1,0 +1,136 @@
+"""lltm's float32 precision modes (lltm.precision, docs/precision.md): the knob on any machine, and
+on a GPU the accurate mode's errors of output and every gradient within 2x of strict fp32's."""
+
+import pytest
+import torch
+
+import lltm
+from lltm import _extension
+from lltm.bench import precision as bench
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def test_default_follows_torch(torch_settings):
+    assert lltm.get_fp32_precision() is None
+    torch_settings.set(float32_matmul_precision="highest")
+    assert lltm.fp32_mode() == "ieee"
+    torch_settings.set(float32_matmul_precision="high")
+    assert lltm.fp32_mode() == "tf32"
+    torch_settings.set(float32_matmul_precision="medium")
+    assert lltm.fp32_mode() == "tf32"
+
+
+@pytest.mark.parametrize("mode", ["ieee", "tf32", "accurate"])
+def test_set_and_context_manager_restore(torch_settings, mode):
+    torch_settings.set(lltm_fp32_precision="ieee")
+    with lltm.fp32_precision(mode):
+        assert lltm.get_fp32_precision() == mode and lltm.fp32_mode() == mode
+        with lltm.fp32_precision(None):
+            assert lltm.get_fp32_precision() is None
+        assert lltm.get_fp32_precision() == mode
+    assert lltm.get_fp32_precision() == "ieee"
+    with pytest.raises(KeyError):
+        with lltm.fp32_precision(mode):
+            raise KeyError("inside")
+    assert lltm.get_fp32_precision() == "ieee"
+
+
+@pytest.mark.parametrize("bad", ["TF32", "highest", "high", "3xtf32", "", 1])
+def test_bad_mode_raises_and_changes_nothing(torch_settings, bad):
+    torch_settings.set(lltm_fp32_precision="accurate")
+    with pytest.raises(ValueError, match="not one of 'ieee', 'tf32', 'accurate'"):
+        lltm.set_fp32_precision(bad)
+    with pytest.raises(ValueError, match="not one of"):
+        with lltm.fp32_precision(bad):
+            pass
+    assert lltm.get_fp32_precision() == "accurate"
+
+
+@pytest.mark.skipif(_extension.try_load() is None, reason="extension not built")
+def test_the_operator_holds_the_setting(torch_settings):
+    """The compiled operators read the setting of lltm._C: lltm.set_fp32_precision writes it there."""
+    codes = {None: -1, "ieee": 0, "tf32": 1, "accurate": 2}
+    for mode, code in codes.items():
+        torch_settings.set(lltm_fp32_precision=mode)
+        assert torch.ops.lltm._fp32_precision_setting() == code
+    with pytest.raises((ValueError, RuntimeError), match="is not one of"):
+        torch.ops.lltm._set_fp32_precision("bf16")
+
+
+def test_bench_restores_switches(torch_settings):
+    """The benchmark's mode switch puts back torch's and lltm's switches (the autouse check of
+    conftest.py fails the test otherwise)."""
+    torch_settings.set(lltm_fp32_precision="tf32")
+    for mode in bench.MODES:
+        with bench.precision_mode(mode):
+            pass
+    with pytest.raises(RuntimeError):
+        with bench.precision_mode("accurate"):
+            assert lltm.get_fp32_precision() == "accurate"
+            raise RuntimeError("inside")
+    assert lltm.get_fp32_precision() == "tf32"
+
+
+def test_bench_cpu_rows():
+    """The benchmark on CPU, strict only, a short sequence: every error small, and the rows named."""
+    rows = bench.measure([5], [(2, 3, 4)], ["python", "lstm"], ["strict", "tf32"], torch.device("cpu"), timed=False)
+    by = {(r["model"], r["mode"]): r for r in rows}
+    assert by[("python", "tf32")]["skipped"] == "TF32 is a CUDA matter"
+    for model in ("python", "lstm"):
+        errors = by[(model, "strict")]["errors"]
+        assert set(errors) == set(bench.COLUMNS)
+        assert max(errors.values()) < 1e-5, errors
+    assert "| lltm python | strict |" in bench.table(rows)
+
+
+@cuda
+@pytest.mark.parametrize("backend", ["fused", "aten"])
+@pytest.mark.parametrize("steps", [200, 1000])
+def test_accurate_within_2x_of_strict(steps, backend):
+    """B=16, I=32, S=128: the accurate mode's relative error against float64 of the output, the final
+    states and every gradient is at most 2x strict fp32's (plus 1e-7, a few float32 roundings, for
+    entries where strict fp32 is exact to its last bits); plain TF32 loses the weight gradient at
+    T=1000 (the reason for the mode)."""
+    device = torch.device("cuda")
+    if not lltm.backends("cuda").get(backend):
+        pytest.skip(f"{backend} not built for CUDA")
+    ref_problem = bench.Problem("python", steps, 16, 32, 128, device)
+    ref, _ = ref_problem.run(torch.float64)
+    problem = bench.Problem(backend, steps, 16, 32, 128, device)
+    errors = {}
+    for mode in ("strict", "accurate", "tf32"):
+        with bench.precision_mode(mode) as dtype:
+            got, _ = problem.run(dtype)
+        errors[mode] = bench.relative_errors(got, ref)
+    strict, accurate = errors["strict"], errors["accurate"]
+    bad = {k: (accurate[k], strict[k]) for k in bench.COLUMNS if accurate[k] > 2 * strict[k] + 1e-7}
+    assert not bad, f"accurate vs strict error (T={steps}, {backend}): {bad}"
+    if steps == 1000:
+        assert errors["tf32"]["d_weights"] > 10 * accurate["d_weights"], errors
+
+
+@cuda
+@pytest.mark.parametrize("path", ["auto", "loop"])
+def test_a_change_of_mode_never_replays_a_stale_graph_or_plan(monkeypatch, path):
+    """The same call (same tensors, so the same graph key but for the mode) in ieee, tf32, accurate and
+    ieee again: the second ieee run is the first bit for bit (no TF32 graph or plan replayed), the
+    TF32 one is not, and the accurate one is far closer to strict than TF32 is."""
+    if not lltm.backends("cuda").get("fused"):
+        pytest.skip("fused not built for CUDA")
+    if path != "auto":
+        monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    torch.manual_seed(0)
+    layer = lltm.LLTM(32, 128, backend="fused").cuda()
+    x = torch.randn(100, 16, 32, device="cuda")
+    outputs = {}
+    for mode in ("ieee", "tf32", "accurate", "ieee"):
+        with lltm.fp32_precision(mode), torch.no_grad():
+            for _ in range(3):  # the second call captures a graph, the third replays it
+                out, _ = layer(x)
+        outputs.setdefault(mode, []).append(out.clone())
+    strict = outputs["ieee"][0]
+    assert torch.equal(outputs["ieee"][1], strict)
+    tf32_gap = (outputs["tf32"][0] - strict).abs().max().item()
+    assert tf32_gap > 0
+    assert (outputs["accurate"][0] - strict).abs().max().item() < tf32_gap / 10
