@@ -69,6 +69,21 @@ RnnBackwardResult rnn_backward_op(const OptTensor& grad_output,       // (T, B, 
   return gradients_result(args, std::move(grads));
 }
 
+// A backend's backward where no step ran (T or B is 0): the states'
+// gradients pass through, the others are sums over nothing.
+inline void gradients_of_no_step(const RnnBackwardArgs& from, RnnGradients& grads) {
+  for (at::Tensor* t : {&grads.input, &grads.w_ih, &grads.w_hh, &grads.b_ih, &grads.b_hh}) {
+    if (t->defined()) t->zero_();
+  }
+  for (size_t k = 0; k < grads.state.size(); ++k) {
+    if (from.grad_state[k].defined()) {
+      grads.state[k].copy_(from.grad_state[k]);
+    } else {
+      grads.state[k].zero_();
+    }
+  }
+}
+
 // LLTM's own operators (lltm.h) on the same layer code: its weights (3S, S + I)
 // are [W_hh | W_ih], read in place as the two column blocks.
 inline RnnArgs lltm_rnn_args(const at::Tensor& input, const at::Tensor& weights, const OptTensor& bias,

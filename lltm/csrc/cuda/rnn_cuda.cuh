@@ -337,17 +337,7 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
   const int64_t T = a.steps(), B = a.batch(), I = a.features(), S = a.hidden(), GS = G * S;
   const auto options = a.input.options();
   if (T == 0 || B == 0) {
-    // No step ran: the states' gradients pass through, the rest are sums over nothing.
-    for (at::Tensor* t : {&grads.input, &grads.w_ih, &grads.w_hh, &grads.b_ih, &grads.b_hh}) {
-      if (t->defined()) t->zero_();
-    }
-    for (size_t k = 0; k < grads.state.size(); ++k) {
-      if (from.grad_state[k].defined()) {
-        grads.state[k].copy_(from.grad_state[k]);
-      } else {
-        grads.state[k].zero_();
-      }
-    }
+    gradients_of_no_step(from, grads);
     return;
   }
   const c10::ScalarType dtype = a.input.scalar_type();
