@@ -269,7 +269,7 @@ def _opcheck(spec, backend, device, generator) -> CheckRow:
         args["bias_ih"],
         args["bias_hh"],
         args["state"],
-        lengths,
+        lengths.to(device),  # the operator takes lengths on the input's device (lltm.functional moves them)
     )
     try:
         results = torch.library.opcheck(op, sample)
