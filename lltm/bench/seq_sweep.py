@@ -3,7 +3,8 @@ forced (LLTM_SEQ_PATH: the cluster kernel at each cluster size, the grid
 kernel, each on the FMA units, and both on tensor cores (LLTM_SEQ_DOT=mma,
 the planner's split), the graph-replayed step loop), the planner's own pick, and nn.LSTM
 (cuDNN) with and without TF32, and the planner's pick with TF32 allowed
-(float32), side by side in one run, rounds interleaved; with, per grid
+(float32), and nn.LSTM in float16 beside a bfloat16 run (cuDNN's fast half
+path), side by side in one run, rounds interleaved; with, per grid
 point, the planner's choice against the fastest path and the floor of the
 work (the layer's FLOPs at the device's peak plus one barrier per step).
 
@@ -99,6 +100,10 @@ def _plan(backward: bool, T: int, B: int, S: int, dtype: torch.dtype, cell: str 
 
 
 def _chosen(report: str) -> str:
+    """The path a call runs: the measuring planner's choice where it timed the class, else the model's."""
+    for line in report.splitlines():
+        if line.startswith("measured: "):
+            return line.split()[1]
     return report.splitlines()[0].rsplit(": ", 1)[1]
 
 
@@ -136,6 +141,8 @@ def sweep_point(
     rows.update({"lstm": (peer, "auto"), "lstm-notf32": (f"{peer}-notf32", "auto")})
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         rows["auto-tf32"] = ("fused-tf32", "auto")
+    if dtype == torch.bfloat16:  # cuDNN's fast half path beside its bfloat16 one
+        rows["lstm-fp16"] = (f"{peer}-fp16", "auto")
     built: dict[str, cases.Case] = {}
     got: dict[str, list[tuple[float, float]]] = {}
     try:
@@ -189,6 +196,9 @@ def format_point(point: dict, paths: list[str]) -> str:
         cells.append(ratio(t["nocluster"], t["lstm-notf32"]))
     if "auto-tf32" in t:
         cells += [fmt(t["auto-tf32"]), ratio(t["auto-tf32"], t["lstm"])]
+    if "lstm-fp16" in t:
+        faster = None if t["lstm"] is None or t["lstm-fp16"] is None else min(t["lstm"], t["lstm-fp16"])
+        cells += [fmt(t["lstm-fp16"]), ratio(t["auto"], t["lstm-fp16"]), ratio(t["auto"], faster)]
     cells.append(" / ".join(f"{k} {v:.0f}" for k, v in point["floors"].items()))
     return "| " + " | ".join(cells) + " |"
 
@@ -232,6 +242,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         head.append("nocluster / strict")
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         head += ["auto TF32", "TF32 / lstm"]
+    if dtype == torch.bfloat16:
+        head += ["lstm fp16", "/ lstm fp16", "/ faster cuDNN half"]
     head.append("floor µs")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -280,6 +292,8 @@ def summary(points: list[dict], paths: list[str]) -> str:
         stats("loop / lstm strict", ratios("loop", "lstm-notf32")),
         stats("auto / lstm (default precision)", ratios("auto", "lstm")),
         stats("auto TF32 / lstm (TF32 both)", ratios("auto-tf32", "lstm")),
+        stats("auto / lstm fp16 (cuDNN's fast half path)", ratios("auto", "lstm-fp16")),
+        stats("lstm fp16 / lstm (cuDNN fp16 over its own dtype)", ratios("lstm-fp16", "lstm")),
         stats("auto / fastest forced path", picks)
         + (f", within 1.10 at {sum(r <= 1.10 for r in picks)} of {len(picks)} points" if picks else ""),
     ]

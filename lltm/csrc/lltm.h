@@ -191,6 +191,11 @@ std::string fused_cuda_seq_plan(bool backward, int64_t steps, int64_t batch, int
 // CUDA step loops since the process started (cuda/seq_graph.cpp;
 // lltm::_fused_cuda_seq_graph_stats, read by tests and benchmarks).
 std::vector<int64_t> fused_cuda_seq_graph_stats();
+// The measuring planner's counts since the process started: classes timed,
+// classes read from LLTM_SEQ_TUNE_CACHE, calls that took the cost model's plan
+// because timing was not possible (capture, deterministic mode)
+// (cuda/seq_tune.cpp; lltm::_fused_cuda_seq_tune_stats, read by tests).
+std::vector<int64_t> fused_cuda_seq_tune_stats();
 // Comma-separated list of the architectures the CUDA sources were built for,
 // as nvcc's __CUDA_ARCH_LIST__ spells them (e.g. "900" or "800,900").
 std::string cuda_arch_list();

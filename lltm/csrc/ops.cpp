@@ -109,6 +109,7 @@ TORCH_LIBRARY(lltm, m) {
       "ScalarType dtype, int device, str cell=\"lltm\") -> str",
       &lltm::fused_cuda_seq_plan);
   m.def("_fused_cuda_seq_graph_stats() -> int[]", &lltm::fused_cuda_seq_graph_stats);
+  m.def("_fused_cuda_seq_tune_stats() -> int[]", &lltm::fused_cuda_seq_tune_stats);
 #endif
 }
 

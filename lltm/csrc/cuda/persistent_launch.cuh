@@ -22,6 +22,7 @@
 #include "persistent_kernels.cuh"
 #include "seq_persistent.h"
 #include "seq_plan.h"
+#include "seq_tune.h"
 
 namespace lltm {
 namespace cuda_detail {
@@ -235,7 +236,10 @@ template <typename Cell, typename scalar_t, bool kBackward, typename Params>
 bool launch(const Params& base, const at::Tensor& like) {
   const int device = like.get_device();
   const Problem problem = problem_of<Cell, scalar_t>(kBackward, base.steps, base.batch, base.state);
-  const Plan& plan = decide<Cell, scalar_t, kBackward>(problem, device).chosen;
+  // The measuring planner's choice for this call, or a trial of it (seq_tune.h); else the model's.
+  const Plan* measured = plan_override();
+  const Plan& plan =
+      measured != nullptr ? *measured : decide<Cell, scalar_t, kBackward>(problem, device).chosen;
   if (plan.path == SeqPath::kLoop) return false;
   const Split& split = plan.split;
   Params params = base;
@@ -294,6 +298,7 @@ struct PersistentOf {
   using Params = std::conditional_t<kBackward, BackwardParams<scalar_t>, ForwardParams<scalar_t>>;
   static bool launch(const Params& params, const at::Tensor& like);
   static std::string plan(int64_t steps, int64_t batch, int64_t state, int device);
+  static ModelDecision decision(int64_t steps, int64_t batch, int64_t state, int device);
 };
 
 template <typename Cell, typename scalar_t, bool kBackward>
@@ -305,7 +310,15 @@ template <typename Cell, typename scalar_t, bool kBackward>
 std::string PersistentOf<Cell, scalar_t, kBackward>::plan(int64_t steps, int64_t batch, int64_t state,
                                                           int device) {
   const Problem problem = problem_of<Cell, scalar_t>(kBackward, steps, batch, state);
-  return describe(problem, decide<Cell, scalar_t, kBackward>(problem, device));
+  return describe(problem, decide<Cell, scalar_t, kBackward>(problem, device)) +
+         measured_report(problem, device);
+}
+
+template <typename Cell, typename scalar_t, bool kBackward>
+ModelDecision PersistentOf<Cell, scalar_t, kBackward>::decision(int64_t steps, int64_t batch, int64_t state,
+                                                                int device) {
+  const Problem problem = problem_of<Cell, scalar_t>(kBackward, steps, batch, state);
+  return {problem, decide<Cell, scalar_t, kBackward>(problem, device)};
 }
 
 template <typename Cell>
@@ -382,19 +395,29 @@ std::string rnn_plan(int64_t steps, int64_t batch, int64_t state, c10::ScalarTyp
   return report;
 }
 
+template <typename Cell, bool kBackward>
+ModelDecision rnn_decision(int64_t steps, int64_t batch, int64_t state, c10::ScalarType dtype, int device) {
+  ModelDecision out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "lltm_fused_cuda_seq_decision", [&] {
+    out = PersistentOf<Cell, scalar_t, kBackward>::decision(steps, batch, state, device);
+  });
+  return out;
+}
+
 }  // namespace cuda_detail
 }  // namespace lltm
 
 // One explicit instantiation of a cell's persistent entry points per
 // direction, each in a file of its own (persistent_<cell>_<direction>.cu), so
 // that the cells' and directions' kernels compile in parallel.
-#define LLTM_PERSISTENT_FORWARD(Cell)                                                               \
-  namespace lltm::cuda_detail {                                                                     \
-  template bool rnn_forward_persistent<Cell>(const at::Tensor&, const at::Tensor&, const RowMajor&, \
-                                             const at::Tensor&, const at::Tensor&,                  \
-                                             const std::vector<RowMajor>&, const at::Tensor&,       \
-                                             const at::Tensor&, const std::vector<at::Tensor>&);    \
-  template std::string rnn_plan<Cell, false>(int64_t, int64_t, int64_t, c10::ScalarType, int);      \
+#define LLTM_PERSISTENT_FORWARD(Cell)                                                                \
+  namespace lltm::cuda_detail {                                                                      \
+  template bool rnn_forward_persistent<Cell>(const at::Tensor&, const at::Tensor&, const RowMajor&,  \
+                                             const at::Tensor&, const at::Tensor&,                   \
+                                             const std::vector<RowMajor>&, const at::Tensor&,        \
+                                             const at::Tensor&, const std::vector<at::Tensor>&);     \
+  template std::string rnn_plan<Cell, false>(int64_t, int64_t, int64_t, c10::ScalarType, int);       \
+  template ModelDecision rnn_decision<Cell, false>(int64_t, int64_t, int64_t, c10::ScalarType, int); \
   }
 #define LLTM_PERSISTENT_BACKWARD(Cell)                                                                 \
   namespace lltm::cuda_detail {                                                                        \
@@ -404,6 +427,7 @@ std::string rnn_plan(int64_t steps, int64_t batch, int64_t state, c10::ScalarTyp
                                               const at::Tensor&, const at::Tensor&, const at::Tensor&, \
                                               const std::vector<at::Tensor>&);                         \
   template std::string rnn_plan<Cell, true>(int64_t, int64_t, int64_t, c10::ScalarType, int);          \
+  template ModelDecision rnn_decision<Cell, true>(int64_t, int64_t, int64_t, c10::ScalarType, int);    \
   }
 
 // A build that splits a cell's persistent kernels by dtype (a cell of

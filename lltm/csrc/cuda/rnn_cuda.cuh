@@ -26,6 +26,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -45,6 +46,7 @@
 #include "rnn_pointwise.cuh"
 #include "seq_graph.h"
 #include "seq_persistent.h"
+#include "seq_tune.h"
 
 namespace lltm {
 namespace cuda_detail {
@@ -327,8 +329,30 @@ void fused_rnn_forward_cuda(const RnnArgs& a, at::Tensor& output, std::vector<at
   args.b_ih = b_ih;
   args.b_hh = b_hh;
   args.lengths = lengths;
-  if (rnn_forward_persistent<Cell>(zx, saved, w_hh, b_ih, b_hh, state0, lengths, output, state_n)) return;
-  forward_loop<Cell>(args, w_hh, state0, zx, output, state_n, saved);
+  // The time loop over these tensors: the persistent kernel, or the step loop.
+  const auto time_loop = [&](const RnnArgs& r, at::Tensor& zx_, at::Tensor& saved_, at::Tensor& output_,
+                             std::vector<at::Tensor>& state_n_) {
+    if (!rnn_forward_persistent<Cell>(zx_, saved_, w_hh, r.b_ih, r.b_hh, state0, r.lengths, output_,
+                                      state_n_)) {
+      forward_loop<Cell>(r, w_hh, state0, zx_, output_, state_n_, saved_);
+    }
+  };
+  // The measuring planner's trial: the first steps' projections, outputs of its own (seq_tune.h).
+  const TrialFactory make_trial = [&]() -> std::function<void()> {
+    const int64_t steps = std::min(T, kTuneSteps);
+    RnnArgs r = args;
+    r.input = a.input.narrow(0, 0, steps);
+    r.lengths = at::Tensor();
+    at::Tensor zx_t = zx.narrow(0, 0, steps).clone();
+    at::Tensor saved_t = Cell::kSaved == G ? zx_t : at::empty({steps, B, Cell::kSaved * S}, zx.options());
+    at::Tensor output_t = at::empty({steps, B, S}, output.options());
+    std::vector<at::Tensor> state_n_t;
+    for (int k = 0; k < NS; ++k) state_n_t.push_back(at::empty_like(state_n[k]));
+    return [=]() mutable { time_loop(r, zx_t, saved_t, output_t, state_n_t); };
+  };
+  const ModelDecision model = rnn_decision<Cell, false>(T, B, S, x.scalar_type(), x.get_device());
+  const PlanOverride use(measured_plan(model.problem, model.decision, x.get_device(), make_trial));
+  time_loop(args, zx, saved, output, state_n);
 }
 
 template <typename Cell>
@@ -349,6 +373,8 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
   const at::Tensor saved = from.saved.contiguous();
   const at::Tensor output = from.output.contiguous();
   RnnBackwardArgs b = from;
+  b.saved = saved;
+  b.output = output;
   b.grad_output = from.grad_output.defined() ? from.grad_output.contiguous() : at::Tensor();
   for (at::Tensor& g : b.grad_state) {
     if (g.defined()) g = g.contiguous();
@@ -358,11 +384,39 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
   at::Tensor dzh = Cell::kSplit ? at::empty({T, B, GS}, options) : at::Tensor();
   std::vector<at::Tensor> grad_state0(NS);
   for (size_t k = 0; k < grads.state.size(); ++k) grad_state0[k] = grads.state[k];
-  const bool persistent = rnn_backward_persistent<Cell>(b.grad_output, b.grad_state, w_hh, saved, output,
-                                                        states, state0, args.lengths, dzx, dzh, grad_state0);
-  if (!persistent) {
-    std::vector<at::Tensor> wanted = grads.state;
-    backward_loop<Cell>(args, b, w_hh, state0, states, saved, output, dzx, dzh, wanted);
+  // The reverse-time loop over these tensors: the persistent kernel, or the step loop.
+  const auto time_loop = [&](const RnnArgs& r, const RnnBackwardArgs& from_, const at::Tensor& states_,
+                             at::Tensor& dzx_, at::Tensor& dzh_, std::vector<at::Tensor>& grad_state0_) {
+    if (!rnn_backward_persistent<Cell>(from_.grad_output, from_.grad_state, w_hh, from_.saved, from_.output,
+                                       states_, state0, r.lengths, dzx_, dzh_, grad_state0_)) {
+      // the step loop takes the state gradients all or none (grad_state0_'s entries are all defined or all
+      // not)
+      std::vector<at::Tensor> wanted;
+      if (grad_state0_[0].defined()) wanted = grad_state0_;
+      backward_loop<Cell>(r, from_, w_hh, state0, states_, from_.saved, from_.output, dzx_, dzh_, wanted);
+    }
+  };
+  // The measuring planner's trial: the last steps' values, gradients of its own (seq_tune.h).
+  const TrialFactory make_trial = [&]() -> std::function<void()> {
+    const int64_t steps = std::min(T, kTuneSteps), first = T - steps;
+    RnnArgs r = args;
+    r.input = a.input.narrow(0, first, steps);
+    r.lengths = at::Tensor();
+    RnnBackwardArgs f = b;
+    f.saved = saved.narrow(0, first, steps).contiguous();
+    f.output = output.narrow(0, first, steps).contiguous();
+    if (f.grad_output.defined()) f.grad_output = f.grad_output.narrow(0, first, steps).contiguous();
+    at::Tensor states_t = states.defined() ? states.narrow(1, first, steps).contiguous() : at::Tensor();
+    at::Tensor dzx_t = at::empty({steps, B, GS}, options);
+    at::Tensor dzh_t = Cell::kSplit ? at::empty({steps, B, GS}, options) : at::Tensor();
+    std::vector<at::Tensor> grad_state0_t;
+    for (const at::Tensor& g : grad_state0) grad_state0_t.push_back(g.defined() ? at::empty_like(g) : g);
+    return [=]() mutable { time_loop(r, f, states_t, dzx_t, dzh_t, grad_state0_t); };
+  };
+  {
+    const ModelDecision model = rnn_decision<Cell, true>(T, B, S, dtype, output.get_device());
+    const PlanOverride use(measured_plan(model.problem, model.decision, output.get_device(), make_trial));
+    time_loop(args, b, states, dzx, dzh, grad_state0);
   }
 
   const at::Tensor& dz_h = Cell::kSplit ? dzh : dzx;

@@ -14,6 +14,7 @@
 
 #include "../cells/registry.h"
 #include "launch_utils.h"
+#include "seq_plan.h"
 
 namespace lltm {
 namespace cuda_detail {
@@ -47,6 +48,15 @@ bool rnn_backward_persistent(const at::Tensor& grad_output, const std::vector<at
 // The planner's report for one direction (lltm::_fused_cuda_seq_plan).
 template <typename Cell, bool kBackward>
 std::string rnn_plan(int64_t steps, int64_t batch, int64_t state, c10::ScalarType dtype, int device);
+
+// The cost model's problem and decision for one direction in this pass's
+// precision: the measuring planner's candidates (seq_tune.h).
+struct ModelDecision {
+  Problem problem;
+  Decision decision;
+};
+template <typename Cell, bool kBackward>
+ModelDecision rnn_decision(int64_t steps, int64_t batch, int64_t state, c10::ScalarType dtype, int device);
 
 // lltm::_fused_cuda_seq_plan for a cell outside cells::BuiltIn (a cell of
 // lltm.cells.define): its library registers its planner's report when it

@@ -396,13 +396,16 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
     best.split.group = group;
     best.why_not = no_dot;  // splits() replaces it with its own reason
     for (const Dot dot : dots) {
+      Plan best_of_dot;
       for (const Split& s : splits(p, path, group, dot, d, resident, best.why_not)) {
         Plan plan;
         plan.path = path;
         plan.split = s;
         set_cost(p, d, plan);
         if (best.split.waves == 0 || plan.cost_us < best.cost_us) best = plan;
+        if (best_of_dot.split.waves == 0 || plan.cost_us < best_of_dot.cost_us) best_of_dot = plan;
       }
+      if (best_of_dot.split.waves > 0) out.alternatives.push_back(best_of_dot);
     }
     if (best.split.waves > 0) best.why_not.clear();
     out.candidates.push_back(best);
@@ -442,6 +445,7 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
     plan.path = SeqPath::kLoop;
     set_cost(p, d, plan);
     out.candidates.push_back(plan);
+    out.alternatives.push_back(plan);
   }
   const Plan* best = nullptr;
   for (const Plan& c : out.candidates) {

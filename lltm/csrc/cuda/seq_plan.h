@@ -141,6 +141,9 @@ using ResidentChunks = std::function<int(SeqPath, const Split&)>;
 struct Decision {
   Plan chosen;
   std::vector<Plan> candidates;  // every path weighed, in the order tried
+  // The cheapest split of every (path, group, dot) that can run, and the
+  // loop: what the measuring planner (seq_tune.h) picks its trials from.
+  std::vector<Plan> alternatives;
 };
 
 // Chooses the path of one direction's time loop (the cheapest candidate the

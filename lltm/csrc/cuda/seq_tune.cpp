@@ -1,0 +1,295 @@
+// The measuring planner of the fused CUDA sequence ops (see seq_tune.h).
+#include "seq_tune.h"
+
+#include <ATen/Context.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "../lltm.h"
+
+namespace lltm {
+namespace cuda_detail {
+namespace {
+
+thread_local const Plan* current_override = nullptr;
+
+struct Measured {
+  Plan plan;
+  std::string times;  // "label time_us; ..." for the report; "read from FILE" for a file entry
+};
+
+struct Store {
+  std::mutex mutex;
+  std::map<std::string, Measured> classes;
+  std::map<std::string, std::string> file_labels;  // key -> label, from LLTM_SEQ_TUNE_CACHE
+  std::string file_read;                           // the cache file read so far ("" none)
+  int64_t timed = 0, from_file = 0, model_only = 0;
+};
+Store& store() {
+  static Store* instance = new Store();  // never destroyed: plans may be asked for at exit
+  return *instance;
+}
+
+bool timing_enabled() {
+  const char* flag = std::getenv("LLTM_SEQ_TUNE");
+  return flag == nullptr || std::strcmp(flag, "0") != 0;
+}
+
+const char* cache_file() {
+  const char* file = std::getenv("LLTM_SEQ_TUNE_CACHE");
+  return file != nullptr && *file != '\0' ? file : nullptr;
+}
+
+// T's class: the power of two at or above it (a plan's cost grows with T
+// alike for every path, but launch overheads weigh more at short T).
+int64_t steps_class(int64_t steps) {
+  int64_t c = 1;
+  while (c < steps) c *= 2;
+  return c;
+}
+
+// Everything that sets a class apart, the device by its name and SM count
+// (a file may serve another machine of the same kind).
+std::string class_key(const Problem& p, int device) {
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device);
+  std::ostringstream os;
+  os << "v1|" << prop->name << "|sm" << prop->multiProcessorCount << "|" << p.cell << "|"
+     << (p.backward ? "backward" : "forward") << "|elem" << p.elem << (p.is_double ? "d" : "") << "|tc"
+     << p.tensor_cores << "|B" << p.batch << "|S" << p.state << "|T" << steps_class(p.steps) << "|";
+  for (const char* name : {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP", "LLTM_SEQ_DOT"}) {
+    const char* v = std::getenv(name);
+    os << (v == nullptr ? "" : v) << ";";
+  }
+  std::string key = os.str();
+  std::replace(key.begin(), key.end(), '\t', ' ');
+  std::replace(key.begin(), key.end(), '\n', ' ');
+  return key;
+}
+
+// Lines of the cache file not read yet: "key<TAB>label". Caller holds the lock.
+void read_file(Store& s, const char* file) {
+  if (s.file_read != file) {
+    s.file_labels.clear();
+    s.file_read = file;
+  }
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t tab = line.find('\t');
+    if (tab == std::string::npos) continue;
+    s.file_labels.emplace(line.substr(0, tab), line.substr(tab + 1));  // the first line of a key wins
+  }
+}
+
+// An exclusive lock on the cache file while a class is looked up, timed and
+// appended: processes that start together (torchrun ranks) time a class
+// once, and every later process reads that choice.
+class FileLock {
+ public:
+  explicit FileLock(const char* file) {
+    if (file == nullptr) return;
+    fd_ = ::open(file, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~FileLock() {
+    if (fd_ >= 0) {
+      (void)::flock(fd_, LOCK_UN);
+      ::close(fd_);
+    }
+  }
+  void append(const std::string& line) const {
+    if (fd_ < 0) return;
+    const std::string text = line + "\n";
+    (void)!::write(fd_, text.data(), text.size());  // one write: lines of several processes do not mix
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+const Plan* find_label(const std::vector<const Plan*>& plans, const std::string& label) {
+  for (const Plan* p : plans) {
+    if (plan_label(*p) == label) return p;
+  }
+  return nullptr;
+}
+
+// GPU time of `trial` (µs per run) on the current stream: two warm-up runs
+// (the step loop's first sighting runs eagerly, its second captures the
+// graph), then the best of three measurements of two runs each. Each
+// measurement starts behind one more run, so the device is busy when the
+// start event passes and the host's time to queue a run (the grid path's
+// zeroed buffers, a graph's lookup) is not counted where the device hides it.
+double time_trial(const std::function<void()>& trial) {
+  trial();
+  trial();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  C10_CUDA_CHECK(cudaEventCreate(&start));
+  C10_CUDA_CHECK(cudaEventCreate(&stop));
+  float best = -1.0f;
+  try {
+    for (int i = 0; i < 3; ++i) {
+      trial();
+      C10_CUDA_CHECK(cudaEventRecord(start, stream));
+      trial();
+      trial();
+      C10_CUDA_CHECK(cudaEventRecord(stop, stream));
+      C10_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0.0f;
+      C10_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      if (best < 0.0f || ms < best) best = ms;
+    }
+  } catch (...) {
+    (void)cudaEventDestroy(start);
+    (void)cudaEventDestroy(stop);
+    throw;
+  }
+  (void)cudaEventDestroy(start);
+  (void)cudaEventDestroy(stop);
+  return best * 1e3 / 2;
+}
+
+}  // namespace
+
+const Plan* plan_override() { return current_override; }
+
+PlanOverride::PlanOverride(const Plan* plan) : previous_(current_override) { current_override = plan; }
+PlanOverride::~PlanOverride() { current_override = previous_; }
+
+std::string plan_label(const Plan& plan) {
+  if (plan.path == SeqPath::kLoop) return "loop";
+  const Split& s = plan.split;
+  std::ostringstream os;
+  os << path_name(plan.path) << ":" << s.group << ":"
+     << (s.mma      ? "mma"
+         : s.w_regs ? "fma-regs"
+                    : "fma-smem")
+     << ":nb" << s.per_thread << ":ks" << s.ks << ":t" << s.threads;
+  return os.str();
+}
+
+const Plan* measured_plan(const Problem& problem, const Decision& decision, int device,
+                          const TrialFactory& make_trial) {
+  // The model's viable plans (the cheapest of each path, group and dot) within kTuneSpread of its
+  // cheapest, cheapest first; its own pick first among equals.
+  std::vector<const Plan*> plans{&decision.chosen};
+  for (const Plan& c : decision.alternatives) {
+    if (c.why_not.empty() && plan_label(c) != plan_label(decision.chosen)) plans.push_back(&c);
+  }
+  std::stable_sort(plans.begin(), plans.end(),
+                   [](const Plan* a, const Plan* b) { return a->cost_us < b->cost_us; });
+  if (!plans.empty()) {
+    const double limit = plans.front()->cost_us * kTuneSpread;
+    plans.erase(std::remove_if(plans.begin(), plans.end(), [&](const Plan* p) { return p->cost_us > limit; }),
+                plans.end());
+  }
+  if (plans.size() > static_cast<size_t>(kTuneCandidates)) plans.resize(kTuneCandidates);
+  if (plans.size() < 2 || !timing_enabled()) return nullptr;
+
+  Store& s = store();
+  const std::string key = class_key(problem, device);
+  {
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    const auto found = s.classes.find(key);
+    if (found != s.classes.end()) return &found->second.plan;
+  }
+  const bool capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  if (capturing || at::globalContext().deterministicAlgorithms()) {
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    ++s.model_only;
+    return nullptr;
+  }
+  // One class is timed at a time in the process (and, with a cache file, on the machine).
+  static std::mutex timing;
+  const std::lock_guard<std::mutex> one_at_a_time(timing);
+  const char* file = cache_file();
+  const FileLock file_lock(file);
+  {
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    const auto found = s.classes.find(key);  // timed by another thread meanwhile
+    if (found != s.classes.end()) return &found->second.plan;
+    if (file != nullptr) {
+      read_file(s, file);
+      const auto entry = s.file_labels.find(key);
+      const Plan* listed = entry == s.file_labels.end() ? nullptr : find_label(plans, entry->second);
+      if (listed != nullptr) {
+        ++s.from_file;
+        return &s.classes.emplace(key, Measured{*listed, std::string("read from ") + file})
+                    .first->second.plan;
+      }
+    }
+  }
+  const std::function<void()> trial = make_trial();
+  std::vector<double> times;
+  for (const Plan* p : plans) {
+    const PlanOverride use(p);
+    double us = -1.0;
+    try {
+      us = time_trial(trial);
+    } catch (const c10::Error&) {
+      (void)cudaGetLastError();  // a plan that does not launch here is not a candidate
+    }
+    times.push_back(us);
+  }
+  // The model's pick stands unless another plan is faster by more than kTuneMargin.
+  size_t best = 0;
+  for (size_t i = 1; i < plans.size(); ++i) {
+    if (times[i] < 0) continue;
+    if (times[best] < 0 || times[i] < times[best] * (1.0 - kTuneMargin)) best = i;
+  }
+  if (times[best] < 0) return nullptr;
+  std::ostringstream report;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    report << (i ? "; " : "") << plan_label(*plans[i]) << " ";
+    if (times[i] < 0) {
+      report << "failed";
+    } else {
+      report << static_cast<int64_t>(times[i] + 0.5) << " us";
+    }
+  }
+  const std::lock_guard<std::mutex> lock(s.mutex);
+  ++s.timed;
+  file_lock.append(key + "\t" + plan_label(*plans[best]));
+  return &s.classes.emplace(key, Measured{*plans[best], report.str()}).first->second.plan;
+}
+
+std::string measured_report(const Problem& problem, int device) {
+  Store& s = store();
+  const std::string key = class_key(problem, device);
+  const std::lock_guard<std::mutex> lock(s.mutex);
+  const auto found = s.classes.find(key);
+  if (found == s.classes.end()) return "";
+  return "\nmeasured: " + std::string(path_name(found->second.plan.path)) + " (" +
+         plan_label(found->second.plan) + "; first " + std::to_string(std::min(problem.steps, kTuneSteps)) +
+         " steps: " + found->second.times + ")";
+}
+
+std::vector<int64_t> tune_stats() {
+  Store& s = store();
+  const std::lock_guard<std::mutex> lock(s.mutex);
+  return {s.timed, s.from_file, s.model_only};
+}
+
+}  // namespace cuda_detail
+
+std::vector<int64_t> fused_cuda_seq_tune_stats() { return cuda_detail::tune_stats(); }
+
+}  // namespace lltm

@@ -1,0 +1,186 @@
+"""The measuring planner of the fused CUDA sequence ops (lltm/csrc/cuda/seq_tune.h): the model's
+few best plans of a new problem class are timed once and the fastest kept; never during CUDA graph
+capture or in deterministic mode; LLTM_SEQ_TUNE=0 turns it off; LLTM_SEQ_TUNE_CACHE keeps the
+choices across processes. Each test uses problem sizes of its own: the choices live for the process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import lltm
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and lltm._backends.is_available("fused", "cuda", "lstm_seq")),
+    reason="needs the fused sequence operators on a CUDA device",
+)
+
+
+def _stats() -> tuple[int, int, int]:
+    """(classes timed, classes read from the cache file, calls that took the model's plan)."""
+    return tuple(torch.ops.lltm._fused_cuda_seq_tune_stats())
+
+
+def _report(backward: bool, T: int, B: int, S: int, dtype=torch.float32) -> str:
+    return torch.ops.lltm._fused_cuda_seq_plan(backward, T, B, S, dtype, torch.cuda.current_device(), "lstm")
+
+
+def _candidates(report: str) -> int:
+    """Viable candidates of the model within the tuner's spread (2x of the cheapest)."""
+    costs = [
+        float(line.split("model_us=")[1].split()[0])
+        for line in report.splitlines()[1:]
+        if "model_us=" in line and "cannot run" not in line
+    ]
+    return sum(c <= 2 * min(costs) for c in costs) if costs else 0
+
+
+def _layer(T: int, B: int, S: int, seed: int = 0):
+    torch.manual_seed(seed)
+    layer = lltm.LSTM(S, S, backend="fused").cuda()
+    x = torch.randn(T, B, S, device="cuda", requires_grad=True)
+    return layer, x
+
+
+def _pass(layer, x):
+    out, (h, c) = layer(x)
+    grads = torch.autograd.grad((out.square().sum() + h.sum() + c.sum()), [x, *layer.parameters()])
+    return [out, h, c, *grads]
+
+
+def _python_twin(layer, x):
+    twin = lltm.LSTM(layer.input_size, layer.hidden_size, backend="python").cuda()
+    twin.load_state_dict(layer.state_dict())
+    return _pass(twin, x)
+
+
+def test_a_new_class_is_timed_once_and_its_choice_reported():
+    T, B, S = 40, 24, 96
+    if _candidates(_report(False, T, B, S)) < 2:
+        pytest.skip("the model leaves one plan here: nothing to time")
+    layer, x = _layer(T, B, S)
+    before = _stats()
+    got = _pass(layer, x)
+    torch.cuda.synchronize()
+    after_first = _stats()
+    assert after_first[0] > before[0], "a new class was not timed"
+    _pass(layer, x)
+    assert _stats()[0] == after_first[0], "a class was timed twice"
+    for backward in (False, True):
+        report = _report(backward, T, B, S)
+        measured = [line for line in report.splitlines() if line.startswith("measured: ")]
+        if measured:
+            path = measured[0].split()[1]
+            assert path in ("cluster", "grid", "loop"), report
+            assert "first 32 steps" in measured[0] and " us" in measured[0], report
+    # the call's own results come from the chosen plan, written once after the timing
+    want = _python_twin(layer, x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=2e-4, atol=2e-5)
+
+
+def test_timing_off_by_environment(monkeypatch):
+    monkeypatch.setenv("LLTM_SEQ_TUNE", "0")
+    T, B, S = 20, 26, 88
+    layer, x = _layer(T, B, S)
+    before = _stats()
+    _pass(layer, x)
+    assert _stats()[0] == before[0]
+    assert "measured" not in _report(False, T, B, S)
+
+
+def test_deterministic_mode_takes_the_model(torch_settings):
+    T, B, S = 20, 27, 72
+    if _candidates(_report(False, T, B, S)) < 2:
+        pytest.skip("the model leaves one plan here: nothing to time")
+    torch_settings.set(deterministic_algorithms=(True, True))
+    layer, x = _layer(T, B, S)
+    before = _stats()
+    _pass(layer, x)
+    after = _stats()
+    assert after[0] == before[0] and after[2] > before[2]
+    assert "measured" not in _report(False, T, B, S)
+
+
+def test_nothing_is_timed_during_graph_capture(monkeypatch):
+    T, B, S = 12, 29, 80
+    if _candidates(_report(False, T, B, S)) < 2:
+        pytest.skip("the model leaves one plan here: nothing to time")
+    layer, x = _layer(T, B, S)
+    static_x = x.detach().clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, with timing off: the class stays new
+        monkeypatch.setenv("LLTM_SEQ_TUNE", "0")
+        with torch.no_grad():
+            layer(static_x)
+        monkeypatch.delenv("LLTM_SEQ_TUNE")
+    torch.cuda.current_stream().wait_stream(side)
+    before = _stats()
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        out, _ = layer(static_x)
+    after = _stats()
+    assert after[0] == before[0] and after[2] > before[2]
+    graph.replay()
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        want, _ = _python_twin_forward(layer, static_x)
+    torch.testing.assert_close(out, want, rtol=2e-4, atol=2e-5)
+
+
+def _python_twin_forward(layer, x):
+    twin = lltm.LSTM(layer.input_size, layer.hidden_size, backend="python").cuda()
+    twin.load_state_dict(layer.state_dict())
+    return twin(x)
+
+
+def test_a_forced_path_is_not_timed(monkeypatch):
+    monkeypatch.setenv("LLTM_SEQ_PATH", "loop")
+    layer, x = _layer(10, 31, 64)
+    before = _stats()
+    _pass(layer, x)
+    assert _stats()[0] == before[0]
+
+
+_CHILD = textwrap.dedent(
+    """
+    import torch, lltm
+    torch.manual_seed(0)
+    layer = lltm.LSTM(104, 104, backend="fused").cuda()
+    x = torch.randn(30, 22, 104, device="cuda", requires_grad=True)
+    out, _ = layer(x)
+    out.sum().backward()
+    torch.cuda.synchronize()
+    print("stats", *torch.ops.lltm._fused_cuda_seq_tune_stats())
+    print(torch.ops.lltm._fused_cuda_seq_plan(False, 30, 22, 104, torch.float32, 0, "lstm"))
+    """
+)
+
+
+def test_the_cache_file_serves_a_later_process(tmp_path):
+    if _candidates(_report(False, 30, 22, 104)) < 2:
+        pytest.skip("the model leaves one plan here: nothing to time")
+    cache = tmp_path / "plans.txt"
+    env = dict(os.environ, LLTM_SEQ_TUNE_CACHE=str(cache))
+    env.pop("LLTM_SEQ_TUNE", None)
+
+    def child() -> tuple[list[int], str]:
+        done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = done.stdout.splitlines()
+        stats = next(line for line in lines if line.startswith("stats "))
+        return [int(v) for v in stats.split()[1:]], "\n".join(lines)
+
+    first, _ = child()
+    assert first[0] >= 1 and first[1] == 0, first
+    entries = cache.read_text().splitlines()
+    assert len(entries) == first[0] and all("\t" in e and "|lstm|" in e for e in entries), entries
+    second, report = child()
+    assert second[0] == 0 and second[1] == first[0], (first, second)
+    assert "read from" in report, report
