@@ -277,26 +277,34 @@ class _Layers(_Sizes, nn.Module):
             )
         batch = x.shape[1]
         D = self.num_directions
-        init = self._initial_states(states, x, batch, unbatched)
-        if packed and input.sorted_indices is not None:
-            init = tuple(s.index_select(1, input.sorted_indices) for s in init)
+        # Each layer's and direction's initial states: slices of the caller's, or one zero (B, S)
+        # tensor that every layer and state reads (no slicing: host time counts at small sizes).
+        zero, init = None, ()
+        if states is None:
+            zero = x.new_zeros(batch, self.state_size)
+        else:
+            init = self._initial_states(states, batch, unbatched)
+            if packed and input.sorted_indices is not None:
+                init = tuple(s.index_select(1, input.sorted_indices) for s in init)
         reverse_index = None
         if D == 2:
             on_device = None if lengths is None else lengths.to(x.device)
             reverse_index = _reverse_index(x.shape[0], on_device, x.device)
-        finals: list[list[Tensor]] = [[] for _ in init]
+        finals: list[list[Tensor]] = [[] for _ in self._cell.states]
         for k in range(self.num_layers):
             if k > 0 and self.dropout > 0.0 and self.training:
                 x = F.dropout(x, self.dropout, training=True)
             outputs = []
             for d, suffix in enumerate(self._suffixes(D)):
                 x_d = x if d == 0 else _reverse_time(x, reverse_index)
-                out, final = self._direction(k, suffix, x_d, tuple(s[k * D + d] for s in init), lengths)
+                layer_init = (zero,) * len(finals) if zero is not None else tuple(s[k * D + d] for s in init)
+                out, final = self._direction(k, suffix, x_d, layer_init, lengths)
                 outputs.append(out if d == 0 else _reverse_time(out, reverse_index))
                 for lst, f in zip(finals, final):
                     lst.append(f)
             x = outputs[0] if D == 1 else torch.cat(outputs, dim=2)
-        final_states = tuple(torch.stack(f) for f in finals)
+        # one layer and direction: a view of the operator's final states, no copy
+        final_states = tuple(f[0].unsqueeze(0) if len(f) == 1 else torch.stack(f) for f in finals)
         if packed:
             if input.unsorted_indices is not None:
                 final_states = tuple(s.index_select(1, input.unsorted_indices) for s in final_states)
@@ -306,13 +314,9 @@ class _Layers(_Sizes, nn.Module):
             return x.squeeze(1), tuple(s.squeeze(1) for s in final_states), True
         return (x.transpose(0, 1) if self.batch_first else x), final_states, False
 
-    def _initial_states(
-        self, states: Optional[tuple[Any, ...]], x: Tensor, batch: int, unbatched: bool
-    ) -> tuple[Tensor, ...]:
+    def _initial_states(self, states: tuple[Any, ...], batch: int, unbatched: bool) -> tuple[Tensor, ...]:
+        """The caller's initial states, checked, as (num_layers * D, B, S) tensors."""
         expected = (self.num_layers * self.num_directions, batch, self.state_size)
-        if states is None:
-            zeros = x.new_zeros(expected)
-            return tuple(zeros for _ in self._cell.states)
         layout = self._state_layout
         want = expected[:1] + expected[2:] if unbatched else expected
         if unbatched:

@@ -469,7 +469,14 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
   for (Destination& d : outs) d.finish();
   // Column sums in float for half and bfloat16 (ATen's reduction).
   if (grads.b_ih.defined()) at::sum_out(grads.b_ih, dzx.view({T * B, GS}), {0});
-  if (grads.b_hh.defined()) at::sum_out(grads.b_hh, dz_h.view({T * B, GS}), {0});
+  if (grads.b_hh.defined()) {
+    // Without kSplit both biases add to one pre-activation: their gradients are the same sums.
+    if (!Cell::kSplit && grads.b_ih.defined()) {
+      grads.b_hh.copy_(grads.b_ih);
+    } else {
+      at::sum_out(grads.b_hh, dz_h.view({T * B, GS}), {0});
+    }
+  }
 }
 
 }  // namespace cuda_detail
