@@ -17,7 +17,8 @@
 #            the per-rank throughput and the scaling it printed
 #
 # Results in $OUT: summary.md (ready to paste: device, torch, date, each stage's status, the tests'
-# measured differences and bounds, the scaling tables), one log per stage, scaling.jsonl.
+# measured differences and bounds, the scaling tables), one log per stage, scaling.jsonl, and
+# logs.tgz holding all of them.
 # Stages that need 4 GPUs skip with 2. A failed stage does not stop the script; every stage has
 # its own time limit and none starts or runs past DEADLINE seconds (default 530) from the start.
 # Environment: PYTHON (python3), DEADLINE, BUILD_LIMIT, TESTS_LIMIT, SCALING_LIMIT, TRAIN_LIMIT,
@@ -165,4 +166,7 @@ run_stage train "${TRAIN_LIMIT:-75}" "$PYTHON" -m torch.distributed.run --standa
   echo '```'
 } >"$SUMMARY"
 cat "$SUMMARY"
+# Every log and result in one archive beside the summary: a runner that returns only a few files
+# from $OUT (a device tool, a CI artifact limit) still brings back all of it.
+tar czf "$OUT/../multigpu_logs.tgz" -C "$OUT" . 2>/dev/null && mv "$OUT/../multigpu_logs.tgz" "$OUT/logs.tgz"
 exit $status
