@@ -168,5 +168,6 @@ run_stage train "${TRAIN_LIMIT:-75}" "$PYTHON" -m torch.distributed.run --standa
 cat "$SUMMARY"
 # Every log and result in one archive beside the summary: a runner that returns only a few files
 # from $OUT (a device tool, a CI artifact limit) still brings back all of it.
-tar czf "$OUT/../multigpu_logs.tgz" -C "$OUT" . 2>/dev/null && mv "$OUT/../multigpu_logs.tgz" "$OUT/logs.tgz"
+archive=$(mktemp "${TMPDIR:-/tmp}/multigpu_logs.XXXXXX") && tar czf "$archive" -C "$OUT" --exclude=logs.tgz . &&
+  mv "$archive" "$OUT/logs.tgz"
 exit $status
