@@ -237,7 +237,13 @@ const Plan* measured_plan(const Problem& problem, const Decision& decision, int 
       }
     }
   }
-  const std::function<void()> trial = make_trial();
+  std::function<void()> trial;
+  try {
+    trial = make_trial();
+  } catch (const c10::Error&) {  // no memory for the trial's copies: the model decides this call
+    (void)cudaGetLastError();
+    return nullptr;
+  }
   std::vector<double> times;
   for (const Plan* p : plans) {
     const PlanOverride use(p);
@@ -278,7 +284,9 @@ std::string measured_report(const Problem& problem, int device) {
   const auto found = s.classes.find(key);
   if (found == s.classes.end()) return "";
   return "\nmeasured: " + std::string(path_name(found->second.plan.path)) + " (" +
-         plan_label(found->second.plan) + "; first " + std::to_string(std::min(problem.steps, kTuneSteps)) +
+         plan_label(found->second.plan) + "; first " +
+         std::to_string(
+             tune_steps(problem.steps, problem.batch * problem.gates * problem.state * problem.elem)) +
          " steps: " + found->second.times + ")";
 }
 

@@ -6,8 +6,10 @@
 //
 //   - What is timed: the time loop alone (the persistent launch, or the
 //     graph-replayed step loop after its warm-up), over the first
-//     min(T, kTuneSteps) steps, on scratch tensors: the call's own outputs
-//     are written once, by the chosen plan, after the timing.
+//     min(T, kTuneSteps) steps (fewer where a step's buffers are large:
+//     tune_steps), on scratch tensors: the call's own outputs are written
+//     once, by the chosen plan, after the timing. Where the scratch
+//     tensors cannot be allocated, the model decides.
 //   - Candidates: at most kTuneCandidates viable plans of the model (the
 //     cheapest split of each path, group and dot: the MMA and FMA dots
 //     compete too), the cheapest first, each within kTuneSpread of the
@@ -24,6 +26,7 @@
 //     the class: where they leave one candidate, nothing is timed.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -35,6 +38,14 @@ namespace lltm {
 namespace cuda_detail {
 
 constexpr int64_t kTuneSteps = 32;
+// Bytes of one (steps, B, G S) trial buffer at most: fewer steps where B G S is large.
+constexpr int64_t kTuneBytes = int64_t(64) << 20;
+
+// Steps of a trial for a layer of T steps whose per-step buffer holds `step_bytes`.
+inline int64_t tune_steps(int64_t steps, int64_t step_bytes) {
+  const int64_t fit = step_bytes > 0 ? kTuneBytes / step_bytes : kTuneSteps;
+  return std::max<int64_t>(1, std::min({steps, kTuneSteps, fit}));
+}
 constexpr int kTuneCandidates = 4;
 constexpr double kTuneSpread = 2.0;
 constexpr double kTuneMargin = 0.05;
