@@ -1,5 +1,6 @@
 // The plan of a fused CUDA sequence op's time loop: which implementation runs
-// it, with which work split, chosen by a written cost model. Host code only:
+// it, with which work split, chosen by a written cost model (whose few best
+// plans the measuring planner, seq_tune.h, then times once). Host code only:
 // the kernels (persistent_kernels.cuh, rnn_pointwise.cuh) know
 // nothing of it, and it knows of the kernels only what the caller tells it
 // (which have a body for the device, how many CTAs of a launch shape fit).
