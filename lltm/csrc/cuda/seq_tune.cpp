@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include "../lltm.h"
@@ -35,6 +36,7 @@ struct Measured {
 struct Store {
   std::mutex mutex;
   std::map<std::string, Measured> classes;
+  std::set<std::string> one_plan;  // classes whose model leaves a single candidate: nothing to time
   std::map<std::string, std::string> file_labels;  // key -> label, from LLTM_SEQ_TUNE_CACHE
   std::string file_read;                           // the cache file read so far ("" none)
   int64_t timed = 0, from_file = 0, model_only = 0;
@@ -186,30 +188,43 @@ std::string plan_label(const Plan& plan) {
   return os.str();
 }
 
-const Plan* measured_plan(const Problem& problem, const Decision& decision, int device,
-                          const TrialFactory& make_trial) {
-  // The model's viable plans (the cheapest of each path, group and dot) within kTuneSpread of its
-  // cheapest, cheapest first; its own pick first among equals.
+namespace {
+
+// The model's viable plans (the cheapest of each path, group and dot) within kTuneSpread of its
+// cheapest, cheapest first (its own pick first among equals), kTuneCandidates at most.
+std::vector<const Plan*> candidates(const Decision& decision) {
   std::vector<const Plan*> plans{&decision.chosen};
   for (const Plan& c : decision.alternatives) {
     if (c.why_not.empty() && plan_label(c) != plan_label(decision.chosen)) plans.push_back(&c);
   }
   std::stable_sort(plans.begin(), plans.end(),
                    [](const Plan* a, const Plan* b) { return a->cost_us < b->cost_us; });
-  if (!plans.empty()) {
-    const double limit = plans.front()->cost_us * kTuneSpread;
-    plans.erase(std::remove_if(plans.begin(), plans.end(), [&](const Plan* p) { return p->cost_us > limit; }),
-                plans.end());
-  }
+  const double limit = plans.front()->cost_us * kTuneSpread;
+  plans.erase(std::remove_if(plans.begin(), plans.end(), [&](const Plan* p) { return p->cost_us > limit; }),
+              plans.end());
   if (plans.size() > static_cast<size_t>(kTuneCandidates)) plans.resize(kTuneCandidates);
-  if (plans.size() < 2 || !timing_enabled()) return nullptr;
+  return plans;
+}
 
+}  // namespace
+
+const Plan* measured_plan(const Problem& problem, const Decision& decision, int device,
+                          const TrialFactory& make_trial) {
+  if (!timing_enabled()) return nullptr;
+  // Every call: one lookup of its class; the candidates are weighed only on a class's first call.
   Store& s = store();
   const std::string key = class_key(problem, device);
   {
     const std::lock_guard<std::mutex> lock(s.mutex);
     const auto found = s.classes.find(key);
     if (found != s.classes.end()) return &found->second.plan;
+    if (s.one_plan.count(key) != 0) return nullptr;
+  }
+  const std::vector<const Plan*> plans = candidates(decision);
+  if (plans.size() < 2) {
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    s.one_plan.insert(key);
+    return nullptr;
   }
   const bool capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
   if (capturing || at::globalContext().deterministicAlgorithms()) {
