@@ -7,7 +7,7 @@ Needs a profiling build (the kernels print the phases only there):
 
     LLTM_STEP_CLOCKS=1 TORCH_CUDA_ARCH_LIST=9.0 pip install --no-build-isolation -e .
     python -m lltm.bench.step_phases [--steps 1000] [--sizes 16x128,64x256] [--paths auto,cluster-fma,grid]
-        [--dtype float32] [--tf32]
+        [--dtype float32] [--tf32] [--cell lstm]
 
 A size is BxS (input features I = S, or BxIxS). A path is a
 seq_sweep.PATHS name (cluster8, cluster-mma, grid, grid-mma, auto, ...).
@@ -67,10 +67,13 @@ def parse(text: str) -> list[dict]:
     return rows
 
 
-def measure(T: int, B: int, I: int, S: int, dtype: torch.dtype, path: str) -> Optional[list[dict]]:
-    """One forward and backward of the layer on `path` after a warm-up pass;
-    the phase lines of the timed pass (None where the path cannot run)."""
-    cfg = cases.Config(batch_size=B, features=I, state_size=S, seq=T, device=torch.device("cuda"), dtype=dtype, seed=0)
+def measure(T: int, B: int, I: int, S: int, dtype: torch.dtype, path: str, cell: str = "lltm") -> Optional[list[dict]]:
+    """One forward and backward of the `cell`'s layer on `path` after a
+    warm-up pass; the phase lines of the timed pass (None where the path
+    cannot run)."""
+    cfg = cases.Config(
+        batch_size=B, features=I, state_size=S, seq=T, device=torch.device("cuda"), dtype=dtype, seed=0, cell=cell
+    )
     _set_path(path)
     try:
         case = cases.seq_case("fused", cfg)
@@ -97,6 +100,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--paths", default="auto,cluster-fma,cluster-mma,grid,grid-mma")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--tf32", action="store_true", help="allow TF32 (float32 on the MMA dot)")
+    ap.add_argument("--cell", default="lltm", help="the layer's cell (lltm.cells: lltm, lstm, gru, ...)")
     args = ap.parse_args(argv)
     persistent = [p for p in PATHS if p not in ("loop", "nocluster")]
     for p in args.paths.split(","):
@@ -117,14 +121,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     # kHz in the runtime's device properties, where this torch exposes it
     ghz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) / 1e6 or None
     print(
-        f"step phases, {torch.cuda.get_device_name()}, torch {torch.__version__}, T={args.steps}, {args.dtype}"
+        f"step phases of the {args.cell} cell, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"T={args.steps}, {args.dtype}"
         f"{' (TF32 allowed)' if args.tf32 else ''}; cycles per step (thread 0 of CTA 0)"
         + (f", ns at {ghz:.3f} GHz" if ghz else "")
     )
     any_line = False
     for B, I, S in sizes:
         for path in args.paths.split(","):
-            rows = measure(args.steps, B, I, S, dtype, path)
+            rows = measure(args.steps, B, I, S, dtype, path, args.cell)
             if rows is None:
                 print(f"{B}x{I}x{S} {path}: cannot run")
                 continue
