@@ -19,8 +19,9 @@ namespace cuda_detail {
 // shared memory (row-major, `row` elements a row) and B = the exchanged
 // rows (batch row n is B's column n, contiguous in k). K comes in
 // `segments` segments: segment s of A starts `seg_rows` rows further down,
-// of B one row further (backward: gate s of dzh_t); B's batch rows lie
-// `b_stride` elements apart. Warp w takes the (tile, k slice) tasks w, w +
+// of B `b_seg` elements further (backward: gate s of dzh_t); B's batch rows
+// lie `b_stride` elements apart (a row stride of 4 words mod 8 puts a
+// fragment load's 8 rows x 4 words on 32 banks). Warp w takes the (tile, k slice) tasks w, w +
 // warps, ...: one 16-row tile of A against all NT 8-row tiles of B over
 // its k slice, written to tile[slice][m][n] (ld = 8 NT + 1 floats); readers
 // add the slices in order, so no result depends on timing. Padding: A's and
@@ -58,13 +59,17 @@ __device__ __forceinline__ void mma_tile(float (&d)[4], const uint32_t (&a)[4], 
 }
 
 // NT B tiles (8 batch rows each; NT = 1, 2, 4 or 8: the planner pads the
-// rows to one of these). The k steps of one task alternate between two sets
-// of accumulators, so two MMA chains are in flight (one chain would wait out
-// every MMA's latency); the sets are added at the end.
+// rows to one of these). The k steps of one task go round kSets sets of
+// accumulators, so kSets MMA chains are in flight (one chain would wait out
+// every MMA's latency and its fragments' loads): four where B is narrow
+// (the small-batch splits, whose long k slices are latency-bound), two
+// where NT tiles already give the warp independent MMAs; the sets are added
+// at the end in a fixed order.
 template <typename scalar_t, int NT>
 __device__ __forceinline__ void mma_dot_tiles(const scalar_t* a, const scalar_t* b, int segments,
-                                              int seg_rows, int b_stride, int row, int state, int mtiles,
-                                              int ksplit, float* tile) {
+                                              int seg_rows, int b_stride, int b_seg, int row, int state,
+                                              int mtiles, int ksplit, float* tile) {
+  constexpr int kSets = NT <= 2 ? 4 : 2;
   constexpr bool kTf32 = std::is_same_v<scalar_t, float>;
   constexpr int kStep = kTf32 ? 8 : 16;  // k of one MMA
   constexpr int kPer = kTf32 ? 1 : 2;    // elements per 32-bit word
@@ -74,15 +79,15 @@ __device__ __forceinline__ void mma_dot_tiles(const scalar_t* a, const scalar_t*
   const int ksteps = (state + kStep - 1) / kStep;
   const int total = segments * ksteps;
   constexpr int ld = NT * 8 + 1;
-  const int row_w = row / kPer, b_w = b_stride / kPer;  // in words
+  const int row_w = row / kPer, b_w = b_stride / kPer, seg_w = b_seg / kPer;  // in words
   const uint32_t* a32 = reinterpret_cast<const uint32_t*>(a);
   const uint32_t* b32 = reinterpret_cast<const uint32_t*>(b);
   for (int task = warp; task < mtiles * ksplit; task += warps) {
     const int mt = task % mtiles, slice = task / mtiles;
     const int k0 = slice * total / ksplit, k1 = (slice + 1) * total / ksplit;
-    float acc[2][NT][4];
+    float acc[kSets][NT][4];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kSets; ++h) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) acc[h][nt][0] = acc[h][nt][1] = acc[h][nt][2] = acc[h][nt][3] = 0.f;
     }
@@ -93,7 +98,7 @@ __device__ __forceinline__ void mma_dot_tiles(const scalar_t* a, const scalar_t*
       const uint32_t* ap = a32 + (seg * seg_rows + mt * 16 + g) * row_w + kin * kWords + t;
       uint32_t af[4] = {ap[0], ap[8 * row_w], ap[4], ap[8 * row_w + 4]};
       // B (kStep x 8, column n = batch row n): words t and t + 4 of row g.
-      const uint32_t* bp = b32 + seg * row_w + g * b_w + kin * kWords + t;
+      const uint32_t* bp = b32 + seg * seg_w + g * b_w + kin * kWords + t;
       uint32_t bf[NT][2];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
@@ -111,39 +116,50 @@ __device__ __forceinline__ void mma_dot_tiles(const scalar_t* a, const scalar_t*
       if (++kin == ksteps) kin = 0, ++seg;
     };
     int k = k0;
-    for (; k + 1 < k1; k += 2) {
-      step(acc[0]);
-      step(acc[1]);
+    for (; k + kSets <= k1; k += kSets) {
+#pragma unroll
+      for (int h = 0; h < kSets; ++h) step(acc[h]);
     }
-    if (k < k1) step(acc[0]);
+#pragma unroll
+    for (int h = 0; h < kSets - 1; ++h) {
+      if (k + h < k1) step(acc[h]);
+    }
+#pragma unroll
+    for (int h = 1; h < kSets; ++h) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[0][nt][i] += acc[h][nt][i];
+      }
+    }
     // D fragment: rows g and g + 8, columns 2t and 2t + 1 of each B tile.
     float* out = tile + (slice * mtiles * 16 + mt * 16 + g) * ld + 2 * t;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      out[nt * 8] = acc[0][nt][0] + acc[1][nt][0];
-      out[nt * 8 + 1] = acc[0][nt][1] + acc[1][nt][1];
-      out[8 * ld + nt * 8] = acc[0][nt][2] + acc[1][nt][2];
-      out[8 * ld + nt * 8 + 1] = acc[0][nt][3] + acc[1][nt][3];
+      out[nt * 8] = acc[0][nt][0];
+      out[nt * 8 + 1] = acc[0][nt][1];
+      out[8 * ld + nt * 8] = acc[0][nt][2];
+      out[8 * ld + nt * 8 + 1] = acc[0][nt][3];
     }
   }
 }
 
 template <typename scalar_t>
 __device__ __forceinline__ void mma_dot(const scalar_t* a, const scalar_t* b, int segments, int seg_rows,
-                                        int b_stride, int row, int state, int mtiles, int ntiles, int ksplit,
-                                        float* tile) {
+                                        int b_stride, int b_seg, int row, int state, int mtiles, int ntiles,
+                                        int ksplit, float* tile) {
   switch (ntiles) {
     case 1:
-      mma_dot_tiles<scalar_t, 1>(a, b, segments, seg_rows, b_stride, row, state, mtiles, ksplit, tile);
+      mma_dot_tiles<scalar_t, 1>(a, b, segments, seg_rows, b_stride, b_seg, row, state, mtiles, ksplit, tile);
       break;
     case 2:
-      mma_dot_tiles<scalar_t, 2>(a, b, segments, seg_rows, b_stride, row, state, mtiles, ksplit, tile);
+      mma_dot_tiles<scalar_t, 2>(a, b, segments, seg_rows, b_stride, b_seg, row, state, mtiles, ksplit, tile);
       break;
     case 4:
-      mma_dot_tiles<scalar_t, 4>(a, b, segments, seg_rows, b_stride, row, state, mtiles, ksplit, tile);
+      mma_dot_tiles<scalar_t, 4>(a, b, segments, seg_rows, b_stride, b_seg, row, state, mtiles, ksplit, tile);
       break;
     default:
-      mma_dot_tiles<scalar_t, 8>(a, b, segments, seg_rows, b_stride, row, state, mtiles, ksplit, tile);
+      mma_dot_tiles<scalar_t, 8>(a, b, segments, seg_rows, b_stride, b_seg, row, state, mtiles, ksplit, tile);
       break;
   }
 }

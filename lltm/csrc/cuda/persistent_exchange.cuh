@@ -14,10 +14,11 @@ namespace cuda_detail {
 // ------------------------------------------------------- exchange policies
 //
 // Each holds the exchanged rows of one step, a matrix of R * rows_padded
-// rows of `row` elements (R = 1: h_t; R = G: the step's dzh, row b * G + gate).
+// rows of `row` elements (R = 1: h_t; R = G: the step's dzh, gate-major:
+// row i * rows_padded + b is batch row b of gate i).
 //   view(parity)  what this CTA's dot products read
-//   put(...)      element (q, j) of this CTA's slice (row q, column j of
-//                 the matrix), held by `lanes` lanes of which this is `lane`
+//   put(...)      element (i, b, j) of this CTA's slice (gate i, batch row b,
+//                 column j), held by `lanes` lanes of which this is `lane`
 //   arrive(p)     after the puts (every thread calls it): publishes them;
 //                 the global stores of the step follow it
 //   wait(p, n)    every CTA's puts of exchange n (parity p) are in view(p)
@@ -52,9 +53,10 @@ struct ClusterExchange {
     uint32_t src, dst, bar;
   };
 
-  T* local;          // [2][R Bp][row]: both parities, in this CTA
+  T* local;          // [2][R][Bp][row]: both parities, in this CTA
   int parity_elems;  // R Bp row
   int row;           // elements per exchanged row (padded)
+  int bp, bn;        // rows per gate block (padded), of which this chunk's
   int ctas, rank;
   uint32_t bars;      // shared address of the parity-0 mbarrier (parity 1 follows)
   uint32_t expected;  // bytes the other CTAs send into this one per step
@@ -75,15 +77,16 @@ struct ClusterExchange {
 
   // This CTA's copy of the step: one lane of the group writes it locally;
   // arrive() sends the whole slice on.
-  __device__ void put(int parity, int q, int j, T v, int lane, int /*lanes*/) const {
-    if (lane == 0) view(parity)[q * row + j] = v;
+  __device__ void put(int parity, int i, int b, int j, T v, int lane, int /*lanes*/) const {
+    if (lane == 0) view(parity)[(i * bp + b) * row + j] = v;
   }
 
   __device__ Send send_of(int e) const {
     const int other = e / items, item = e - other * items;
     const int d = other + (other >= rank);  // every CTA but this one
-    const int r = item / per_row;
-    const uint32_t src = src0 + r * row_bytes + (item - r * per_row) * chunk;
+    const int r = item / per_row;           // the chunk's r-th exchanged row: gate r / bn, batch row r % bn
+    const int i = r / bn;
+    const uint32_t src = src0 + (i * bp + r - i * bn) * row_bytes + (item - r * per_row) * chunk;
     return {src, cluster_address(src, d), cluster_address(bars, d)};
   }
 
@@ -184,6 +187,8 @@ struct ClusterExchange {
     ex.local = buffer;
     ex.parity_elems = rows_per * p.rows_padded * p.row;
     ex.row = p.row;
+    ex.bp = p.rows_padded;
+    ex.bn = s.bn;
     ex.ctas = p.group;
     ex.rank = s.rank;
     ex.bars = smem_address(header);
@@ -211,19 +216,21 @@ struct ClusterExchange {
 
 template <typename T>
 struct GridExchange {
-  T* local;              // [R Bp][row] in this CTA
-  T* global;             // [2][R B][row]
+  T* local;              // [R][Bp][row] in this CTA
+  T* global;             // [2][R][B][row]
   unsigned* arrivals;    // this chunk's counter
   int64_t parity_elems;  // R B row
-  int64_t first;         // R b0: this chunk's first exchanged row
-  int rows;              // R bn: this chunk's exchanged rows
+  int64_t gate_elems;    // B row: one gate's block
+  int64_t first;         // b0 row: this chunk's first row in a block
+  int rows_per;          // R
+  int bp, bn;            // batch rows per local block (padded), of which this chunk's
   int row;               // elements per exchanged row (padded)
   int group;
 
   __device__ T* view(int /*parity*/) const { return local; }
 
-  __device__ void put(int parity, int q, int j, T v, int lane, int lanes) const {
-    if (lane == q % lanes) global[parity * parity_elems + (first + q) * row + j] = v;
+  __device__ void put(int parity, int i, int b, int j, T v, int lane, int lanes) const {
+    if (lane == b % lanes) global[parity * parity_elems + i * gate_elems + first + b * row + j] = v;
   }
   // The CTA's puts, then one arrival: a release at GPU scope orders the
   // CTA's puts (which the barrier put before it) before the count.
@@ -234,8 +241,11 @@ struct GridExchange {
   }
   // The n-th exchange of this launch is complete when the group has
   // arrived (n + 1) times; then the chunk's rows of that parity are copied
-  // into shared memory, 16 bytes at a time, from L2 (ld.global.cg: another
-  // SM wrote them, this SM's L1 may hold an older copy).
+  // into shared memory, 16 bytes at a time, from L2 (.cg: another SM wrote
+  // them, this SM's L1 may hold an older copy). On sm_80+ every thread
+  // issues all its copies at once (cp.async) and waits for them once, so
+  // the copy costs one L2 round trip and the SM's share of L2 bandwidth, not
+  // a round trip per 16 bytes.
   __device__ void wait(int parity, int64_t n) const {
     if (threadIdx.x == 0) {
       const unsigned target = static_cast<unsigned>(n + 1) * static_cast<unsigned>(group);
@@ -243,10 +253,23 @@ struct GridExchange {
       }
     }
     __syncthreads();
-    const int4* src = reinterpret_cast<const int4*>(global + parity * parity_elems + first * row);
-    int4* dst = reinterpret_cast<int4*>(local);
-    const int vectors = rows * row * static_cast<int>(sizeof(T)) / 16;
-    for (int e = threadIdx.x; e < vectors; e += blockDim.x) dst[e] = __ldcg(src + e);
+    const int vectors = bn * row * static_cast<int>(sizeof(T)) / 16;  // per gate block
+    for (int i = 0; i < rows_per; ++i) {
+      const int4* src =
+          reinterpret_cast<const int4*>(global + parity * parity_elems + i * gate_elems + first);
+      int4* dst = reinterpret_cast<int4*>(local + int64_t(i) * bp * row);
+      for (int e = threadIdx.x; e < vectors; e += blockDim.x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(dst + e)), "l"(src + e)
+                     : "memory");
+#else
+        dst[e] = __ldcg(src + e);
+#endif
+      }
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
     __syncthreads();
   }
   __device__ void start() const { __syncthreads(); }
@@ -258,8 +281,11 @@ struct GridExchange {
             p.exchange,
             p.arrivals + s.chunk,
             rows_per * p.batch * p.row,
-            rows_per * s.b0,
-            rows_per * s.bn,
+            p.batch * p.row,
+            s.b0 * p.row,
+            rows_per,
+            p.rows_padded,
+            s.bn,
             p.row,
             p.group};
   }

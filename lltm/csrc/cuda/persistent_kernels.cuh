@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int next = (t + 1) & 1;
     const bool last = t + 1 == p.steps;
     if constexpr (kMma) {  // every warp: the CTA's G J x Bp products
-      mma_dot<scalar_t>(w_s, h_cur, 1, 0, row, row, S, p.mtiles, Bp / 8, p.ksplit, tile);
+      mma_dot<scalar_t>(w_s, h_cur, 1, 0, row, 0, row, S, p.mtiles, Bp / 8, p.ksplit, tile);
       __syncthreads();
       clk.mark(0);
     }
@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       if (!last) {
 #pragma unroll
         for (int n = 0; n < NB; ++n) {
-          if (valid[n]) ex.put(next, grp.r0 + n, j, h_out[n], grp.ks, grp.KS);
+          if (valid[n]) ex.put(next, 0, grp.r0 + n, j, h_out[n], grp.ks, grp.KS);
         }
       }
     }
@@ -292,7 +292,10 @@ __global__ void __launch_bounds__(kMaxThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* base = smem + kHeaderBytes;           // past the exchange's mbarriers
   scalar_t* wt_s = reinterpret_cast<scalar_t*>(base);  // [G][J][row], then zero rows up to w_rows
-  scalar_t* x_s = wt_s + p.w_rows * row;               // [parities][Bp][G][row]
+  // Gate-major (row g Bp + b: batch row b of gate g's segment): the MMA's B
+  // tiles of one segment then lie `row` apart (conflict-free fragment
+  // loads for every G), not G rows.
+  scalar_t* x_s = wt_s + p.w_rows * row;  // [parities][G][Bp][row]
   [[maybe_unused]] float* tile = reinterpret_cast<float*>(
       base + mma_tile_offset((p.w_rows + kParities * Bp * G) * row, sizeof(scalar_t)));
 
@@ -417,7 +420,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int n = 0; n < NB; ++n) {
         if (!valid[n]) continue;
 #pragma unroll
-        for (int i = 0; i < G; ++i) ex.put(parity, (grp.r0 + n) * G + i, j, dzh_out[i][n], grp.ks, grp.KS);
+        for (int i = 0; i < G; ++i) ex.put(parity, i, grp.r0 + n, j, dzh_out[i][n], grp.ks, grp.KS);
       }
     }
     clk.mark(0);
@@ -446,7 +449,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     // d h_{t-1}[b, j] += sum_g sum_k dzh_t[b, g S + k] W_hh[g S + k, j]
     const scalar_t* x_cur = ex.view(parity);
     if constexpr (kMma) {  // every warp: the CTA's J x Bp products over G k segments
-      mma_dot<scalar_t>(wt_s, x_cur, G, J, G * row, row, S, p.mtiles, Bp / 8, p.ksplit, tile);
+      mma_dot<scalar_t>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, Bp / 8, p.ksplit, tile);
       __syncthreads();
       clk.mark(4);
     }
@@ -473,11 +476,11 @@ __global__ void __launch_bounds__(kMaxThreads)
         if (k >= chunks) break;
 #pragma unroll
         for (int i = 0; i < G; ++i) {
-          const scalar_t* xb = x_cur + (grp.r0 * G + i) * row + k * V;
+          const scalar_t* xb = x_cur + (i * Bp + grp.r0) * row + k * V;
 #pragma unroll
           for (int n = 0; n < NB; ++n) {
             acc_t xv[V];
-            load_pack<acc_t, scalar_t, V>(xb + n * G * row, xv);
+            load_pack<acc_t, scalar_t, V>(xb + n * row, xv);
 #pragma unroll
             for (int v = 0; v < V; ++v) part[i][n] += static_cast<acc_t>(w_r[i][m].val[v]) * xv[v];
           }
@@ -495,14 +498,14 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
       for (int i = 0; i < G; ++i) {
         const scalar_t* wrow = wt_s + (i * J + grp.jj) * row;
-        const scalar_t* xb = x_cur + (grp.r0 * G + i) * row;
+        const scalar_t* xb = x_cur + (i * Bp + grp.r0) * row;
         for (int k = grp.ks; k < chunks; k += grp.KS) {
           acc_t wv[V];
           load_pack<acc_t, scalar_t, V>(wrow + k * V, wv);
 #pragma unroll
           for (int n = 0; n < NB; ++n) {
             acc_t xv[V];
-            load_pack<acc_t, scalar_t, V>(xb + n * G * row + k * V, xv);
+            load_pack<acc_t, scalar_t, V>(xb + n * row + k * V, xv);
 #pragma unroll
             for (int v = 0; v < V; ++v) acc[n] += wv[v] * xv[v];
           }

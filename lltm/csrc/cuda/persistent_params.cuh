@@ -31,7 +31,7 @@ struct ForwardParams {
   const int64_t* lengths;         // (B,) or null
   scalar_t* output;               // (T, B, S)
   scalar_t* state_n[kMaxStates];  // (B, S)
-  scalar_t* exchange;             // grid: (2, B, row) h_t by parity, zero past S
+  scalar_t* exchange;             // grid: (2, 1, B, row) h_t by parity, zero past S
   unsigned* arrivals;             // grid: (chunks,) zeroed, one counter per chunk
   int64_t steps, batch;
   int64_t chunk0;  // the first chunk of this launch (a wave)
@@ -55,7 +55,7 @@ struct BackwardParams {
   scalar_t* dzx;                      // (T, B, G S)
   scalar_t* dzh;                      // (T, B, G S), or null: the cell's dzh is its dzx
   scalar_t* grad_state0[kMaxStates];  // (B, S) or null
-  scalar_t* exchange;                 // grid: (2, G B, row) dzh_t by parity, zero past S
+  scalar_t* exchange;                 // grid: (2, G, B, row) dzh_t by parity (gate-major), zero past S
   unsigned* arrivals;                 // grid: (chunks,) zeroed
   int64_t steps, batch;
   int64_t chunk0;  // the first chunk of this launch (a wave)
