@@ -484,6 +484,7 @@ def test_step_phases_reads_the_kernels_phase_lines():
         (["--sizes", "16x0x128"], "--sizes: '16x0x128' is not BxS or BxIxS"),
         (["--paths", "loop"], "--paths: 'loop' is not a persistent path"),
         (["--paths", "cluster-fma,fast"], "--paths: 'fast' is not a persistent path"),
+        (["--cell", "nope"], "argument --cell: invalid choice: 'nope'"),
     ],
 )
 def test_step_phases_bad_arguments_are_clear_errors(capsys, args, message):

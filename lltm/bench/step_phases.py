@@ -26,6 +26,7 @@ from typing import Optional
 
 import torch
 
+from lltm import cells as lltm_cells
 from lltm.bench import cases
 from lltm.bench.seq_sweep import DTYPES, PATHS, _set_path
 
@@ -100,7 +101,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--paths", default="auto,cluster-fma,cluster-mma,grid,grid-mma")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--tf32", action="store_true", help="allow TF32 (float32 on the MMA dot)")
-    ap.add_argument("--cell", default="lltm", help="the layer's cell (lltm.cells: lltm, lstm, gru, ...)")
+    ap.add_argument("--cell", choices=sorted(lltm_cells.BUILT_IN), default="lltm", help="the layer's cell")
     args = ap.parse_args(argv)
     persistent = [p for p in PATHS if p not in ("loop", "nocluster")]
     for p in args.paths.split(","):
