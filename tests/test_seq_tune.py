@@ -6,6 +6,7 @@ choices across processes. Each test uses problem sizes of its own: the choices l
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -77,7 +78,11 @@ def test_a_new_class_is_timed_once_and_its_choice_reported():
         if measured:
             path = measured[0].split()[1]
             assert path in ("cluster", "grid", "loop"), report
-            assert "first 32 steps" in measured[0] and " us" in measured[0], report
+            # timed over 16 and 32 steps; each plan's time at T=40 extrapolated from the two
+            assert f"timed over 16 and 32 steps, at T={T}" in measured[0], report
+            for at_t, short, long in re.findall(r" (\d+) us \((\d+), (\d+)\)", measured[0]):
+                at_t, short, long = int(at_t), int(short), int(long)
+                assert long <= at_t <= long * T / 32 + 1, report
     # the call's own results come from the chosen plan, written once after the timing
     want = _python_twin(layer, x)
     for g, w in zip(got, want):

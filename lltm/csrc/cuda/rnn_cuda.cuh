@@ -338,8 +338,7 @@ void fused_rnn_forward_cuda(const RnnArgs& a, at::Tensor& output, std::vector<at
     }
   };
   // The measuring planner's trial: the first steps' projections, outputs of its own (seq_tune.h).
-  const TrialFactory make_trial = [&]() -> std::function<void()> {
-    const int64_t steps = tune_steps(T, B * G * S * zx.element_size());
+  const TrialFactory make_trial = [&](int64_t steps) -> std::function<void()> {
     RnnArgs r = args;
     r.input = a.input.narrow(0, 0, steps);
     r.lengths = at::Tensor();
@@ -397,8 +396,8 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
     }
   };
   // The measuring planner's trial: the last steps' values, gradients of its own (seq_tune.h).
-  const TrialFactory make_trial = [&]() -> std::function<void()> {
-    const int64_t steps = tune_steps(T, B * GS * a.input.element_size()), first = T - steps;
+  const TrialFactory make_trial = [&](int64_t steps) -> std::function<void()> {
+    const int64_t first = T - steps;
     RnnArgs r = args;
     r.input = a.input.narrow(0, first, steps);
     r.lengths = at::Tensor();

@@ -30,7 +30,8 @@ thread_local const Plan* current_override = nullptr;
 
 struct Measured {
   Plan plan;
-  std::string times;  // "label time_us; ..." for the report; "read from FILE" for a file entry
+  std::string
+      times;  // the trials' steps and "label time_us; ..." for the report; "read from FILE" for a file entry
 };
 
 struct Store {
@@ -169,9 +170,19 @@ double time_trial(const std::function<void()>& trial) {
   return best * 1e3 / 2;
 }
 
+// Steps of the (longer) trial of a problem: its time loop's per-step buffer is B G S elements.
+int64_t trial_steps(const Problem& p) { return tune_steps(p.steps, p.batch * p.gates * p.state * p.elem); }
+
 }  // namespace
 
 const Plan* plan_override() { return current_override; }
+
+double extrapolate_us(double short_us, int64_t short_steps, double long_us, int64_t long_steps,
+                      int64_t steps) {
+  double per_step = (long_us - short_us) / static_cast<double>(long_steps - short_steps);
+  per_step = std::clamp(per_step, 0.0, long_us / static_cast<double>(long_steps));
+  return long_us + per_step * static_cast<double>(steps - long_steps);
+}
 
 PlanOverride::PlanOverride(const Plan* plan) : previous_(current_override) { current_override = plan; }
 PlanOverride::~PlanOverride() { current_override = previous_; }
@@ -252,23 +263,32 @@ const Plan* measured_plan(const Problem& problem, const Decision& decision, int 
       }
     }
   }
-  std::function<void()> trial;
+  // The trials: n steps, and n/2 where T is longer (the time at T extrapolated from both).
+  const int64_t n = trial_steps(problem);
+  const bool two = n < problem.steps && n >= 2;
+  std::function<void()> trial_long, trial_short;
   try {
-    trial = make_trial();
+    trial_long = make_trial(n);
+    if (two) trial_short = make_trial(n / 2);
   } catch (const c10::Error&) {  // no memory for the trial's copies: the model decides this call
     (void)cudaGetLastError();
     return nullptr;
   }
-  std::vector<double> times;
+  std::vector<double> times, long_times, short_times;
   for (const Plan* p : plans) {
     const PlanOverride use(p);
-    double us = -1.0;
+    double us = -1.0, long_us = -1.0, short_us = -1.0;
     try {
-      us = time_trial(trial);
+      long_us = time_trial(trial_long);
+      if (two) short_us = time_trial(trial_short);
+      us = two ? extrapolate_us(short_us, n / 2, long_us, n, problem.steps) : long_us;
     } catch (const c10::Error&) {
       (void)cudaGetLastError();  // a plan that does not launch here is not a candidate
+      us = -1.0;
     }
     times.push_back(us);
+    long_times.push_back(long_us);
+    short_times.push_back(short_us);
   }
   // The model's pick stands unless another plan is faster by more than kTuneMargin.
   size_t best = 0;
@@ -278,12 +298,17 @@ const Plan* measured_plan(const Problem& problem, const Decision& decision, int 
   }
   if (times[best] < 0) return nullptr;
   std::ostringstream report;
+  const auto us = [](double t) { return static_cast<int64_t>(t + 0.5); };
+  report << "timed over " << (two ? std::to_string(n / 2) + " and " : std::string()) << n << " steps";
+  if (two) report << ", at T=" << problem.steps;
+  report << ": ";
   for (size_t i = 0; i < plans.size(); ++i) {
     report << (i ? "; " : "") << plan_label(*plans[i]) << " ";
     if (times[i] < 0) {
       report << "failed";
     } else {
-      report << static_cast<int64_t>(times[i] + 0.5) << " us";
+      report << us(times[i]) << " us";
+      if (two) report << " (" << us(short_times[i]) << ", " << us(long_times[i]) << ")";
     }
   }
   const std::lock_guard<std::mutex> lock(s.mutex);
@@ -299,10 +324,7 @@ std::string measured_report(const Problem& problem, int device) {
   const auto found = s.classes.find(key);
   if (found == s.classes.end()) return "";
   return "\nmeasured: " + std::string(path_name(found->second.plan.path)) + " (" +
-         plan_label(found->second.plan) + "; first " +
-         std::to_string(
-             tune_steps(problem.steps, problem.batch * problem.gates * problem.state * problem.elem)) +
-         " steps: " + found->second.times + ")";
+         plan_label(found->second.plan) + "; " + found->second.times + ")";
 }
 
 std::vector<int64_t> tune_stats() {

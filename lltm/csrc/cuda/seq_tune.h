@@ -6,10 +6,14 @@
 //
 //   - What is timed: the time loop alone (the persistent launch, or the
 //     graph-replayed step loop after its warm-up), over the first
-//     min(T, kTuneSteps) steps (fewer where a step's buffers are large:
+//     n = min(T, kTuneSteps) steps (fewer where a step's buffers are large:
 //     tune_steps), on scratch tensors: the call's own outputs are written
 //     once, by the chosen plan, after the timing. Where the scratch
 //     tensors cannot be allocated, the model decides.
+//   - Where T > n, each plan is also timed over n/2 steps, and its time at
+//     T is extrapolated from the two (a launch's fixed cost plus a cost per
+//     step): a persistent launch's fixed cost is large beside n short steps
+//     and small beside T of them, so n steps alone favour the step loop.
 //   - Candidates: at most kTuneCandidates viable plans of the model (the
 //     cheapest split of each path, group and dot: the MMA and FMA dots
 //     compete too), the cheapest first, each within kTuneSpread of the
@@ -69,9 +73,16 @@ class PlanOverride {
 // A plan's name in reports and in the file cache, e.g. "cluster:8:fma-regs:nb1:ks8" or "loop".
 std::string plan_label(const Plan& plan);
 
-// Builds the trial of one time loop (scratch tensors of the call's shapes)
-// and returns the callable that runs it once; asked only when timing.
-using TrialFactory = std::function<std::function<void()>()>;
+// Builds the trial of one time loop over the first (forward) or last
+// (backward) `steps` steps of the call, on scratch tensors of the call's
+// shapes, and returns the callable that runs it once; asked only when timing.
+using TrialFactory = std::function<std::function<void()>(int64_t steps)>;
+
+// A plan's time over T steps from its times over `short_steps` and
+// `long_steps` < T: the fixed cost of a launch plus a cost per step, both at
+// least 0 (the machine's noise may make the two times close or inverted).
+double extrapolate_us(double short_us, int64_t short_steps, double long_us, int64_t long_steps,
+                      int64_t steps);
 
 // The plan this call's time loop runs: the measured choice of its class
 // (timing the candidates now when the class is new and timing is possible),
