@@ -25,6 +25,45 @@ namespace cuda_detail {
 template <typename Cell>
 constexpr int kRegChunksOf = reg_chunks(Cell::kGates);
 
+// Fills `rows` shared-memory rows `row` elements apart (row a multiple of
+// 16 bytes, `dst` 16-byte aligned) from global rows: row r's first `cols`
+// elements from row_of(r), zero past them and where row_of(r) is null. The
+// prologue is latency-bound (a CTA stages tens of KB once per launch): 16
+// bytes a load where `vec` says the global rows allow it, and kInFlight
+// loads of each thread in flight before their stores.
+template <typename scalar_t, typename RowOf>
+__device__ __forceinline__ void stage_rows(scalar_t* dst, int rows, int row, int cols, bool vec,
+                                           const RowOf& row_of) {
+  constexpr int V = 16 / sizeof(scalar_t), kInFlight = 4;
+  const int per_row = row / V, total = rows * per_row;
+  for (int e0 = threadIdx.x; e0 < total; e0 += kInFlight * blockDim.x) {
+    Pack<scalar_t, V> chunk[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int e = e0 + u * blockDim.x, r = e / per_row, k0 = (e - r * per_row) * V;
+      const scalar_t* src = e < total ? row_of(r) : nullptr;
+      if (src != nullptr && vec && k0 + V <= cols) {
+        chunk[u] = *reinterpret_cast<const Pack<scalar_t, V>*>(src + k0);
+      } else {
+#pragma unroll
+        for (int v = 0; v < V; ++v)
+          chunk[u].val[v] = src != nullptr && k0 + v < cols ? src[k0 + v] : scalar_t(0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int e = e0 + u * blockDim.x;
+      if (e < total) reinterpret_cast<Pack<scalar_t, V>*>(dst)[e] = chunk[u];
+    }
+  }
+}
+
+// Whether rows `ld` elements apart from `p` can be read 16 bytes at a time.
+template <typename scalar_t>
+__device__ __forceinline__ bool rows_vectorizable(const scalar_t* p, int64_t ld) {
+  return ld % (16 / sizeof(scalar_t)) == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
 // The common prologue of both kernels: refuses to run in a build without
 // the code it needs for the device (the host never launches it there).
 template <bool kCluster, bool kMma>
@@ -64,15 +103,14 @@ __global__ void __launch_bounds__(kMaxThreads)
 
   // W_hh's rows of this CTA's units and h0 of its batch rows; zero padding
   // past S and past the last row, so the dot products need no bounds.
-  for (int e = threadIdx.x; e < p.w_rows * row; e += blockDim.x) {
-    const int k = e % row, r = e / row;
+  stage_rows(w_s, p.w_rows, row, S, rows_vectorizable(p.w, p.w_ld), [&](int r) -> const scalar_t* {
     const int g = r / J, jj = r - g * J;
-    w_s[e] = (g < G && jj < s.jn && k < S) ? p.w[(int64_t(g) * S + s.j0 + jj) * p.w_ld + k] : scalar_t(0);
-  }
-  for (int e = threadIdx.x; e < kParities * Bp * row; e += blockDim.x) {
-    const int k = e % row, r = e / row;
-    h_s[e] = (r < s.bn && k < S) ? p.state0[0][(s.b0 + r) * p.state0_ld[0] + k] : scalar_t(0);
-  }
+    return g < G && jj < s.jn ? p.w + (int64_t(g) * S + s.j0 + jj) * p.w_ld : nullptr;
+  });
+  stage_rows(h_s, kParities * Bp, row, S, rows_vectorizable(p.state0[0], p.state0_ld[0]),
+             [&](int r) -> const scalar_t* {
+               return r < s.bn ? p.state0[0] + int64_t(s.b0 + r) * p.state0_ld[0] : nullptr;
+             });
   const Exchange<scalar_t> ex = Exchange<scalar_t>::make(p, s, h_s, 1, smem);
 
   // Thread groups cover the chunk's rows in NB-row steps (Bp may pad further, for the MMA tiles).
@@ -302,14 +340,30 @@ __global__ void __launch_bounds__(kMaxThreads)
   // wt_s[g][jj][k] = W_hh[g S + k][j0 + jj]: this CTA's columns of W_hh as
   // rows (read with jj fastest, so consecutive threads read consecutive
   // addresses of W); none with W_hh in registers (w_rows = 0).
-  for (int e = threadIdx.x; e < (kRegW ? 0 : G * J * row); e += blockDim.x) {
-    const int jj = e % J, gk = e / J;
-    const int k = gk % row, g = gk / row;
-    wt_s[(g * J + jj) * row + k] =
-        (jj < s.jn && k < S) ? p.w[(int64_t(g) * S + k) * p.w_ld + s.j0 + jj] : scalar_t(0);
+  // The reads are J elements wide at most: kInFlight of each thread in
+  // flight before their stores (the prologue is latency-bound, as the forward's).
+  {
+    constexpr int kInFlight = 8;
+    const int total = kRegW ? 0 : G * J * row;
+    for (int e0 = threadIdx.x; e0 < total; e0 += kInFlight * blockDim.x) {
+      scalar_t v[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int e = e0 + u * blockDim.x, jj = e % J, gk = e / J;
+        const int k = gk % row, g = gk / row;
+        v[u] = e < total && jj < s.jn && k < S ? p.w[(int64_t(g) * S + k) * p.w_ld + s.j0 + jj] : scalar_t(0);
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int e = e0 + u * blockDim.x, jj = e % J, gk = e / J;
+        const int k = gk % row, g = gk / row;
+        if (e < total) wt_s[(g * J + jj) * row + k] = v[u];
+      }
+    }
   }
-  for (int e = G * J * row + threadIdx.x; e < p.w_rows * row; e += blockDim.x) wt_s[e] = scalar_t(0);
-  for (int e = threadIdx.x; e < kParities * Bp * G * row; e += blockDim.x) x_s[e] = scalar_t(0);
+  const auto zero_row = [](int) -> const scalar_t* { return nullptr; };
+  if (p.w_rows > G * J) stage_rows(wt_s + G * J * row, p.w_rows - G * J, row, 0, false, zero_row);
+  stage_rows(x_s, kParities * Bp * G, row, 0, false, zero_row);
   const Exchange<scalar_t> ex = Exchange<scalar_t>::make(p, s, x_s, G, smem);
 
   // Thread groups cover the chunk's rows in NB-row steps (Bp may pad further, for the MMA tiles).

@@ -148,7 +148,7 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
   while (ks > 1 && (pairs * ks > kMaxThreads || ks > k_chunks)) ks /= 2;
   // W_h in registers: a lane holds chunks ks, ks + KS, ... of its unit's rows.
   if (dot == Dot::kFmaRegs && ceil_div(k_chunks, ks) > reg_chunks(p.gates)) return std::nullopt;
-  int64_t row;
+  int64_t row;  // a whole number of 16-byte chunks either way (the kernels stage rows 16 bytes at a time)
   if (mma) {
     // k padded to the MMA's k step; a row stride of 4 words mod 8 puts the 8
     // rows x 4 words of a fragment load on 32 different banks.
