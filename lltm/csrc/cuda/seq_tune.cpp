@@ -30,8 +30,9 @@ thread_local const Plan* current_override = nullptr;
 
 struct Measured {
   Plan plan;
-  std::string
-      times;  // the trials' steps and "label time_us; ..." for the report; "read from FILE" for a file entry
+  // The trials' lengths and "label time_us (trial times); ..." for the report; "read from FILE" for a file
+  // entry.
+  std::string times;
 };
 
 struct Store {
