@@ -174,16 +174,19 @@ double time_trial(const std::function<void()>& trial) {
 // Steps of the (longer) trial of a problem: its time loop's per-step buffer is B G S elements.
 int64_t trial_steps(const Problem& p) { return tune_steps(p.steps, p.batch * p.gates * p.state * p.elem); }
 
-}  // namespace
-
-const Plan* plan_override() { return current_override; }
-
+// A plan's time over T steps from its times over `short_steps` and
+// `long_steps` < T: the fixed cost of a launch plus a cost per step, both at
+// least 0 (the machine's noise may make the two times close or inverted).
 double extrapolate_us(double short_us, int64_t short_steps, double long_us, int64_t long_steps,
                       int64_t steps) {
   double per_step = (long_us - short_us) / static_cast<double>(long_steps - short_steps);
   per_step = std::clamp(per_step, 0.0, long_us / static_cast<double>(long_steps));
   return long_us + per_step * static_cast<double>(steps - long_steps);
 }
+
+}  // namespace
+
+const Plan* plan_override() { return current_override; }
 
 PlanOverride::PlanOverride(const Plan* plan) : previous_(current_override) { current_override = plan; }
 PlanOverride::~PlanOverride() { current_override = previous_; }
@@ -285,7 +288,6 @@ const Plan* measured_plan(const Problem& problem, const Decision& decision, int 
       us = two ? extrapolate_us(short_us, n / 2, long_us, n, problem.steps) : long_us;
     } catch (const c10::Error&) {
       (void)cudaGetLastError();  // a plan that does not launch here is not a candidate
-      us = -1.0;
     }
     times.push_back(us);
     long_times.push_back(long_us);

@@ -78,12 +78,6 @@ std::string plan_label(const Plan& plan);
 // shapes, and returns the callable that runs it once; asked only when timing.
 using TrialFactory = std::function<std::function<void()>(int64_t steps)>;
 
-// A plan's time over T steps from its times over `short_steps` and
-// `long_steps` < T: the fixed cost of a launch plus a cost per step, both at
-// least 0 (the machine's noise may make the two times close or inverted).
-double extrapolate_us(double short_us, int64_t short_steps, double long_us, int64_t long_steps,
-                      int64_t steps);
-
 // The plan this call's time loop runs: the measured choice of its class
 // (timing the candidates now when the class is new and timing is possible),
 // or nullptr for the model's choice.
