@@ -84,25 +84,9 @@ def test_bench_cpu_rows():
     assert "| lltm python | strict |" in bench.table(rows)
 
 
-# Measured on an H100 (torch 2.11, docs/precision.md): the fused backend at T=1000 is at 2.3-3x strict
-# (output 1.0e-4 vs 4.1e-5, d_input 9.5e-3 vs 3.3e-3); on aten the mode does not reach at::mm's cuBLASLt
-# GEMMs (TF32's errors). strict: a fix turns these into failures until the marks go.
-_MISSED = {
-    (1000, "fused"): "accurate is 2.3-3x strict fp32's error at T=1000 (H100)",
-    (200, "aten"): "lltm's mode does not reach at::mm's cuBLASLt GEMMs (aten keeps TF32)",
-    (1000, "aten"): "lltm's mode does not reach at::mm's cuBLASLt GEMMs (aten keeps TF32)",
-}
-
-
 @cuda
-@pytest.mark.parametrize(
-    "steps, backend",
-    [
-        pytest.param(t, b, marks=pytest.mark.xfail(strict=True, reason=_MISSED[(t, b)]) if (t, b) in _MISSED else ())
-        for b in ("fused", "aten")
-        for t in (200, 1000)
-    ],
-)
+@pytest.mark.parametrize("backend", ["fused", "aten"])
+@pytest.mark.parametrize("steps", [200, 1000])
 def test_accurate_within_2x_of_strict(steps, backend):
     """B=16, I=32, S=128: the accurate mode's relative error against float64 of the output, the final
     states and every gradient is at most 2x strict fp32's (plus 1e-7, a few float32 roundings, for

@@ -12,13 +12,16 @@
 //
 //   kIeee      every product strict fp32
 //   kTf32      every product on TF32 tensor cores
-//   kAccurate  the recurrent products (one step's h W_hh^T, dz W_hh) strict
-//              fp32 (the persistent kernels' FMA dot, strict step GEMMs);
-//              the GEMMs over all T*B rows (x W_ih^T, dz W_ih, dz^T x,
-//              dz^T h) as 3xTF32 on the fused CUDA backend (each operand
-//              split into a TF32 part and a TF32 remainder, three TF32
-//              GEMMs: tensor cores at about fp32's accuracy), strict fp32
-//              where ATen runs them
+//   kAccurate  the forward strict fp32 (its products set the trajectory
+//              every gradient depends on); the backward's recurrent
+//              products (dz W_hh) strict fp32 too (the persistent kernels'
+//              FMA dot, strict step GEMMs), its GEMMs over all T*B rows
+//              (dz W_ih, dz^T x, dz^T h) as 3xTF32 on the fused CUDA
+//              backend (each operand split into a TF32 part and a TF32
+//              remainder, three TF32 GEMMs: tensor cores at about fp32's
+//              accuracy), strict fp32 where ATen runs them. x W_ih^T as
+//              3xTF32 moved the forward enough to put the output's error at
+//              T = 1000 at 2.4x strict fp32's (docs/precision.md).
 //
 // The mode is lltm's own setting (lltm.set_fp32_precision, the operator
 // lltm::_set_fp32_precision), or, where none is set, PyTorch's: TF32 where
@@ -33,7 +36,10 @@
 #pragma once
 
 #include <ATen/Context.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/mm.h>
 
 #include <cstdint>
 #include <optional>
@@ -70,14 +76,16 @@ inline bool tf32_products(bool backward) {
   return fp32_mode() == Fp32Mode::kTf32;
 }
 
-// Whether the fused CUDA backend runs its float32 GEMMs over all T*B rows as
-// 3xTF32 now (the accurate mode).
-inline bool split_tf32_rows() { return fp32_mode() == Fp32Mode::kAccurate; }
+// Whether the fused CUDA backend runs the float32 GEMMs over all T*B rows of
+// the backward (backward = true) or the forward pass as 3xTF32 now: the
+// backward's in the accurate mode, the forward's never.
+inline bool split_tf32_rows(bool backward) { return backward && fp32_mode() == Fp32Mode::kAccurate; }
 
 // For code whose products are ATen's (at::mm follows torch's TF32 switch):
 // turns TF32 off on this thread for its scope where lltm's mode wants the
 // pass strict. It can only take TF32 away: where torch does not allow TF32,
-// ATen's products stay strict whatever lltm's mode.
+// ATen's products stay strict whatever lltm's mode. Products with a 1-D bias
+// go through addmm_rows below: the guard does not reach at::addmm's.
 class Fp32PassGuard {
  public:
   explicit Fp32PassGuard(bool backward) {
@@ -87,5 +95,34 @@ class Fp32PassGuard {
  private:
   std::optional<at::NoTF32Guard> guard_;
 };
+
+// Whether an at::addmm(bias, a, b) with a 1-D bias would run TF32 that a
+// Fp32PassGuard in force means to take away: on CUDA that addmm is
+// cuBLASLt's GEMM with a bias epilogue, whose float32 math follows torch's
+// switch alone (torch's cuBLASLt path does not read at::NoTF32Guard; the
+// plain cuBLAS GEMM of at::mm does).
+inline bool guard_misses_bias_epilogue(const at::Tensor& a) {
+  return a.is_cuda() && a.scalar_type() == at::kFloat && at::NoTF32Guard::should_disable_tf32() &&
+         at::globalContext().allowTF32CuBLAS();
+}
+
+// bias + a b, bias (N,) broadcast over the M rows of a (M, K) b (K, N): as
+// at::addmm, but with the bias added after a plain GEMM where the epilogue
+// would keep TF32 a Fp32PassGuard takes away.
+inline at::Tensor addmm_rows(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
+  if (!guard_misses_bias_epilogue(a)) return at::addmm(bias, a, b);
+  return at::mm(a, b).add_(bias);
+}
+
+// addmm_rows into out (M, N).
+inline void addmm_rows_out(at::Tensor& out, const at::Tensor& bias, const at::Tensor& a,
+                           const at::Tensor& b) {
+  if (!guard_misses_bias_epilogue(a)) {
+    at::addmm_out(out, bias, a, b);
+    return;
+  }
+  at::mm_out(out, a, b);
+  out.add_(bias);
+}
 
 }  // namespace lltm

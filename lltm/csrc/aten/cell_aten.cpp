@@ -25,7 +25,7 @@ CellForwardResult aten_cell_forward(const at::Tensor& input, const at::Tensor& w
   // X = [old_h, input]: (B, S + I); gates = X W^T + b: (B, 3S)
   const at::Tensor X = at::cat({old_h, input}, 1);
   at::Tensor gates =
-      (bias.has_value() && bias->defined()) ? at::addmm(*bias, X, weights.t()) : at::mm(X, weights.t());
+      (bias.has_value() && bias->defined()) ? addmm_rows(*bias, X, weights.t()) : at::mm(X, weights.t());
   // gates <- [sigmoid(i), sigmoid(o), elu(c)], in place (gates is ours).
   gates.narrow(1, 0, 2 * state).sigmoid_();
   at::Tensor candidate = gates.narrow(1, 2 * state, state);

@@ -64,10 +64,10 @@ void forward(const RnnArgs& a, at::Tensor& output, std::vector<at::Tensor>& stat
     // zx for every step: (T*B, G S) = x W_ih^T + b_ih
     const at::Tensor x_all = a.input.reshape({T * B, I});
     const at::Tensor zx_all =
-        a.b_ih.defined() ? at::addmm(a.b_ih, x_all, a.w_ih.t()) : at::mm(x_all, a.w_ih.t());
+        a.b_ih.defined() ? addmm_rows(a.b_ih, x_all, a.w_ih.t()) : at::mm(x_all, a.w_ih.t());
     const at::Tensor w_hh_t = a.w_hh.t().contiguous();
     for (int64_t t = 0; t < T; ++t) {
-      const at::Tensor zh = a.b_hh.defined() ? at::addmm(a.b_hh, s[0], w_hh_t) : at::mm(s[0], w_hh_t);
+      const at::Tensor zh = a.b_hh.defined() ? addmm_rows(a.b_hh, s[0], w_hh_t) : at::mm(s[0], w_hh_t);
       const auto zx_v = slices<G>(zx_all.narrow(0, t * B, B), S);
       const auto zh_v = slices<G>(zh, S);
       Values<G> zx, zhv;

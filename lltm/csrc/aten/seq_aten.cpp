@@ -68,7 +68,7 @@ SeqForwardResult aten_seq_forward(const at::Tensor& input, const at::Tensor& wei
   const at::Tensor x_all = input.reshape({steps * batch, features});
   at::Tensor gates_all = gates.view({steps * batch, 3 * state});
   if (has(bias)) {
-    at::addmm_out(gates_all, *bias, x_all, w_x_t);
+    addmm_rows_out(gates_all, *bias, x_all, w_x_t);
   } else {
     at::mm_out(gates_all, x_all, w_x_t);
   }

@@ -53,10 +53,11 @@ namespace cuda_detail {
 
 inline const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
 
-// The GEMMs over all T*B rows (outside any graph of lltm's own): 3xTF32 for
-// float32 in the accurate mode, else as the mode says (precision.h).
+// The GEMMs over all T*B rows (outside any graph of lltm's own): the
+// backward's 3xTF32 for float32 in the accurate mode, else as the mode says
+// (precision.h).
 inline void run_row_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool backward) {
-  if (dtype == c10::ScalarType::Float && split_tf32_rows()) {
+  if (dtype == c10::ScalarType::Float && split_tf32_rows(backward)) {
     run_gemms_split_tf32(gemms, count);
   } else {
     run_gemms(dtype, gemms, count, tf32_products(backward));
