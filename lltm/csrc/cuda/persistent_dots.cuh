@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "seq_plan.h"
+
 namespace lltm {
 namespace cuda_detail {
 
@@ -20,18 +22,43 @@ namespace cuda_detail {
 // rows (batch row n is B's column n, contiguous in k). K comes in
 // `segments` segments: segment s of A starts `seg_rows` rows further down,
 // of B `b_seg` elements further (backward: gate s of dzh_t); B's batch rows
-// lie `b_stride` elements apart (a row stride of 4 words mod 8 puts a
-// fragment load's 8 rows x 4 words on 32 banks). Warp w takes the (tile, k slice) tasks w, w +
-// warps, ...: one 16-row tile of A against all NT 8-row tiles of B over
-// its k slice, written to tile[slice][m][n] (ld = 8 NT + 1 floats); readers
+// lie `b_stride` elements apart. A task is mstack 16-row tiles of A against
+// all NT 8-row tiles of B over one k slice; warp w takes tasks w, w +
+// warps, ... and writes tile[slice][m][n] (ld = 8 NT + 1 floats); readers
 // add the slices in order, so no result depends on timing. Padding: A's and
 // B's k past S is zero in shared memory; rows of A past the CTA's units and
 // columns of B past its batch rows give D entries nobody reads.
+//
+// Fragments come from shared memory by ldmatrix (8 x 16-byte rows a
+// matrix): one k step is 32 bytes of a row for every type (16 half
+// elements, or 8 floats: a float fragment is the b16 matrices' words), so
+// an A fragment is one ldmatrix.x4 and two B tiles one more. Rows 16-byte
+// aligned, a row stride of 4 words mod 8: a matrix's 8 rows x 4 words fall
+// on 32 banks.
+
+constexpr int kKstepBytes = 32;  // one MMA k step of a shared-memory row
+constexpr int kMaxKsplit = 8;    // k slices of a task: at most the CTA's warps (kMaxThreads / 32)
 
 __device__ __forceinline__ uint32_t to_tf32(uint32_t x) {
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(x)));
   return r;
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t address) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(address));
+#endif
 }
 
 // d += a b for one 16 x 8 tile: m16n8k8 TF32 for float, m16n8k16 for half types.
@@ -58,62 +85,134 @@ __device__ __forceinline__ void mma_tile(float (&d)[4], const uint32_t (&a)[4], 
 #endif
 }
 
-// NT B tiles (8 batch rows each; NT = 1, 2, 4 or 8: the planner pads the
-// rows to one of these). The k steps of one task go round kSets sets of
-// accumulators, so kSets MMA chains are in flight (one chain would wait out
-// every MMA's latency and its fragments' loads): four where B is narrow
+// Where this lane's fragments of one k step lie in shared memory, and how
+// they move from one k step to the next.
+struct FragmentWalk {
+  uint32_t a, b;       // this lane's ldmatrix row address for A's tile m0 and B's tile 0
+  uint32_t a_tile;     // bytes from one A tile to the next (16 rows)
+  uint32_t b_pair;     // bytes from one pair of B tiles to the next (16 rows)
+  int a_wrap, b_wrap;  // bytes added past a segment's last k step
+  int ksteps, kin;     // k steps per segment, and this walk's k step in its segment
+
+  // ldmatrix.x4 of A: lanes 8i..8i+7 address matrix i, rows 0-7 / 8-15
+  // (i odd) at k bytes 0 / 16 (i >= 2): registers a0..a3 of the MMA. B in
+  // pairs of tiles: matrix i is tile i / 2, k bytes 16 (i % 2); .x2 (one
+  // tile) reads lanes 0..15's addresses.
+  __device__ static FragmentWalk make(uint32_t a_base, uint32_t b_base, int row_bytes, int b_stride_bytes,
+                                      int seg_a_bytes, int seg_b_bytes, int ksteps, int k, int m0) {
+    const int lane = threadIdx.x & 31, i = lane >> 3, r = lane & 7;
+    const int seg = k / ksteps, kin = k - seg * ksteps;
+    FragmentWalk w;
+    w.a = a_base + (m0 * 16 + r + (i & 1) * 8) * row_bytes + (i >> 1) * 16 + seg * seg_a_bytes +
+          kin * kKstepBytes;
+    w.b = b_base + ((i >> 1) * 8 + r) * b_stride_bytes + (i & 1) * 16 + seg * seg_b_bytes + kin * kKstepBytes;
+    w.a_tile = 16 * row_bytes;
+    w.b_pair = 16 * b_stride_bytes;
+    w.a_wrap = seg_a_bytes - ksteps * kKstepBytes;
+    w.b_wrap = seg_b_bytes - ksteps * kKstepBytes;
+    w.ksteps = ksteps;
+    w.kin = kin;
+    return w;
+  }
+
+  __device__ __forceinline__ void next() {
+    a += kKstepBytes;
+    b += kKstepBytes;
+    if (++kin == ksteps) kin = 0, a += a_wrap, b += b_wrap;
+  }
+
+  template <typename scalar_t>
+  __device__ __forceinline__ void load_a(uint32_t (&af)[4], int m) const {
+    ldmatrix_x4(af, a + m * a_tile);
+    if constexpr (std::is_same_v<scalar_t, float>) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) af[q] = to_tf32(af[q]);
+    }
+  }
+
+  template <typename scalar_t, int NT>
+  __device__ __forceinline__ void load_b(uint32_t (&bf)[NT][2]) const {
+    if constexpr (NT == 1) {
+      ldmatrix_x2(bf[0], b);
+    } else {
+#pragma unroll
+      for (int q = 0; q < NT / 2; ++q) {
+        uint32_t r[4];
+        ldmatrix_x4(r, b + q * b_pair);
+        bf[2 * q][0] = r[0], bf[2 * q][1] = r[1], bf[2 * q + 1][0] = r[2], bf[2 * q + 1][1] = r[3];
+      }
+    }
+    if constexpr (std::is_same_v<scalar_t, float>) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) bf[nt][0] = to_tf32(bf[nt][0]), bf[nt][1] = to_tf32(bf[nt][1]);
+    }
+  }
+};
+
+// The shared-memory layout of the products, in bytes, as FragmentWalk takes it.
+struct MmaOperands {
+  uint32_t a, b;  // shared addresses of A's row 0 and B's batch row 0
+  int row_bytes, b_stride_bytes, seg_a_bytes, seg_b_bytes;
+};
+
+template <typename scalar_t>
+__device__ __forceinline__ MmaOperands mma_operands(const scalar_t* a, const scalar_t* b, int seg_rows,
+                                                    int b_stride, int b_seg, int row) {
+  constexpr int e = sizeof(scalar_t);
+  return {static_cast<uint32_t>(__cvta_generic_to_shared(a)),
+          static_cast<uint32_t>(__cvta_generic_to_shared(b)),
+          row * e,
+          b_stride * e,
+          seg_rows * row * e,
+          b_seg * e};
+}
+
+// D fragment: rows g and g + 8, columns 2t and 2t + 1 of each B tile.
+template <int NT>
+__device__ __forceinline__ void store_tile(float* tile, int slice, int mtiles, int m,
+                                           const float (&acc)[NT][4]) {
+  constexpr int ld = NT * 8 + 1;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float* out = tile + (slice * mtiles * 16 + m * 16 + g) * ld + 2 * t;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    out[nt * 8] = acc[nt][0];
+    out[nt * 8 + 1] = acc[nt][1];
+    out[8 * ld + nt * 8] = acc[nt][2];
+    out[8 * ld + nt * 8 + 1] = acc[nt][3];
+  }
+}
+
+// Tasks of one tile (mstack = 1). The k steps of a task go round kSets sets
+// of accumulators, so kSets MMA chains are in flight (one chain would wait
+// out every MMA's latency and its fragments' loads): four where B is narrow
 // (the small-batch splits, whose long k slices are latency-bound), two
 // where NT tiles already give the warp independent MMAs; the sets are added
 // at the end in a fixed order.
 template <typename scalar_t, int NT>
-__device__ __forceinline__ void mma_dot_tiles(const scalar_t* a, const scalar_t* b, int segments,
-                                              int seg_rows, int b_stride, int b_seg, int row, int state,
-                                              int mtiles, int ksplit, float* tile) {
+__device__ __forceinline__ void mma_dot_tiles(const MmaOperands& o, int segments, int ksteps, int mtiles,
+                                              int ksplit, float* tile) {
   constexpr int kSets = NT <= 2 ? 4 : 2;
-  constexpr bool kTf32 = std::is_same_v<scalar_t, float>;
-  constexpr int kStep = kTf32 ? 8 : 16;  // k of one MMA
-  constexpr int kPer = kTf32 ? 1 : 2;    // elements per 32-bit word
-  constexpr int kWords = kStep / kPer;   // words of one k step in a row
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int ksteps = (state + kStep - 1) / kStep;
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int total = segments * ksteps;
-  constexpr int ld = NT * 8 + 1;
-  const int row_w = row / kPer, b_w = b_stride / kPer, seg_w = b_seg / kPer;  // in words
-  const uint32_t* a32 = reinterpret_cast<const uint32_t*>(a);
-  const uint32_t* b32 = reinterpret_cast<const uint32_t*>(b);
   for (int task = warp; task < mtiles * ksplit; task += warps) {
     const int mt = task % mtiles, slice = task / mtiles;
     const int k0 = slice * total / ksplit, k1 = (slice + 1) * total / ksplit;
+    FragmentWalk walk = FragmentWalk::make(o.a, o.b, o.row_bytes, o.b_stride_bytes, o.seg_a_bytes,
+                                           o.seg_b_bytes, ksteps, k0, mt);
     float acc[kSets][NT][4];
 #pragma unroll
     for (int h = 0; h < kSets; ++h) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) acc[h][nt][0] = acc[h][nt][1] = acc[h][nt][2] = acc[h][nt][3] = 0.f;
     }
-    // k step k0 is step kin of segment seg; both advance one step at a time.
-    int seg = k0 / ksteps, kin = k0 - seg * ksteps;
     auto step = [&](float (&d)[NT][4]) {
-      // A (16 x kStep, row-major): rows g and g + 8, words t and t + 4.
-      const uint32_t* ap = a32 + (seg * seg_rows + mt * 16 + g) * row_w + kin * kWords + t;
-      uint32_t af[4] = {ap[0], ap[8 * row_w], ap[4], ap[8 * row_w + 4]};
-      // B (kStep x 8, column n = batch row n): words t and t + 4 of row g.
-      const uint32_t* bp = b32 + seg * seg_w + g * b_w + kin * kWords + t;
-      uint32_t bf[NT][2];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        bf[nt][0] = bp[nt * 8 * b_w];
-        bf[nt][1] = bp[nt * 8 * b_w + 4];
-      }
-      if constexpr (kTf32) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) af[i] = to_tf32(af[i]);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) bf[nt][0] = to_tf32(bf[nt][0]), bf[nt][1] = to_tf32(bf[nt][1]);
-      }
+      uint32_t af[4], bf[NT][2];
+      walk.load_a<scalar_t>(af, 0);
+      walk.load_b<scalar_t, NT>(bf);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) mma_tile<scalar_t>(d[nt], af, bf[nt]);
-      if (++kin == ksteps) kin = 0, ++seg;
+      walk.next();
     };
     int k = k0;
     for (; k + kSets <= k1; k += kSets) {
@@ -132,45 +231,117 @@ __device__ __forceinline__ void mma_dot_tiles(const scalar_t* a, const scalar_t*
         for (int i = 0; i < 4; ++i) acc[0][nt][i] += acc[h][nt][i];
       }
     }
-    // D fragment: rows g and g + 8, columns 2t and 2t + 1 of each B tile.
-    float* out = tile + (slice * mtiles * 16 + mt * 16 + g) * ld + 2 * t;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      out[nt * 8] = acc[0][nt][0];
-      out[nt * 8 + 1] = acc[0][nt][1];
-      out[8 * ld + nt * 8] = acc[0][nt][2];
-      out[8 * ld + nt * 8 + 1] = acc[0][nt][3];
-    }
+    store_tile<NT>(tile, slice, mtiles, mt, acc[0]);
   }
 }
 
+// Tasks of MS tiles (mstack = MS, a divisor of mtiles): B's fragments are
+// loaded once per k step for all of them, and the MS NT MMAs of a k step
+// are independent chains. Where A has a few tiles and B one or two (the
+// forward of a small batch) every warp gets a k slice of all the tiles, and
+// B is read from shared memory once per slice, not once per tile.
+template <typename scalar_t, int NT, int MS>
+__device__ __forceinline__ void mma_dot_stacked(const MmaOperands& o, int segments, int ksteps, int mtiles,
+                                                int ksplit, float* tile) {
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int total = segments * ksteps;
+  const int mgroups = mtiles / MS;
+  for (int task = warp; task < mgroups * ksplit; task += warps) {
+    const int m0 = (task % mgroups) * MS, slice = task / mgroups;
+    const int k0 = slice * total / ksplit, k1 = (slice + 1) * total / ksplit;
+    FragmentWalk walk = FragmentWalk::make(o.a, o.b, o.row_bytes, o.b_stride_bytes, o.seg_a_bytes,
+                                           o.seg_b_bytes, ksteps, k0, m0);
+    float acc[MS][NT][4];
+#pragma unroll
+    for (int m = 0; m < MS; ++m) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[m][nt][0] = acc[m][nt][1] = acc[m][nt][2] = acc[m][nt][3] = 0.f;
+    }
+#pragma unroll 2
+    for (int k = k0; k < k1; ++k) {
+      uint32_t af[MS][4], bf[NT][2];
+      walk.load_b<scalar_t, NT>(bf);
+#pragma unroll
+      for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(af[m], m);
+#pragma unroll
+      for (int m = 0; m < MS; ++m) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma_tile<scalar_t>(acc[m][nt], af[m], bf[nt]);
+      }
+      walk.next();
+    }
+#pragma unroll
+    for (int m = 0; m < MS; ++m) store_tile<NT>(tile, slice, mtiles, m0 + m, acc[m]);
+  }
+}
+
+// One step's products of the CTA: the plan's tasks (seq_plan.h's Split:
+// mstack = 1, or one of mma_stack_max's with NT tiles of B). The k step
+// counts a segment's 32-byte steps of S.
 template <typename scalar_t>
 __device__ __forceinline__ void mma_dot(const scalar_t* a, const scalar_t* b, int segments, int seg_rows,
-                                        int b_stride, int b_seg, int row, int state, int mtiles, int ntiles,
-                                        int ksplit, float* tile) {
+                                        int b_stride, int b_seg, int row, int state, int mtiles, int mstack,
+                                        int ntiles, int ksplit, float* tile) {
+  constexpr int kStep = kKstepBytes / static_cast<int>(sizeof(scalar_t));
+  const int ksteps = (state + kStep - 1) / kStep;
+  const MmaOperands o = mma_operands(a, b, seg_rows, b_stride, b_seg, row);
+#define LLTM_MMA_TASKS(NT, MS) mma_dot_stacked<scalar_t, NT, MS>(o, segments, ksteps, mtiles, ksplit, tile)
+  if (mstack > 1) {
+    switch (ntiles * 8 + mstack) {
+      case 1 * 8 + 2:
+        LLTM_MMA_TASKS(1, 2);
+        return;
+      case 1 * 8 + 3:
+        LLTM_MMA_TASKS(1, 3);
+        return;
+      case 1 * 8 + 4:
+        LLTM_MMA_TASKS(1, 4);
+        return;
+      case 2 * 8 + 2:
+        LLTM_MMA_TASKS(2, 2);
+        return;
+      case 2 * 8 + 3:
+        LLTM_MMA_TASKS(2, 3);
+        return;
+      case 2 * 8 + 4:
+        LLTM_MMA_TASKS(2, 4);
+        return;
+      default:  // 4 tiles of B, 2 of A
+        LLTM_MMA_TASKS(4, 2);
+        return;
+    }
+  }
+#undef LLTM_MMA_TASKS
   switch (ntiles) {
     case 1:
-      mma_dot_tiles<scalar_t, 1>(a, b, segments, seg_rows, b_stride, b_seg, row, state, mtiles, ksplit, tile);
+      mma_dot_tiles<scalar_t, 1>(o, segments, ksteps, mtiles, ksplit, tile);
       break;
     case 2:
-      mma_dot_tiles<scalar_t, 2>(a, b, segments, seg_rows, b_stride, b_seg, row, state, mtiles, ksplit, tile);
+      mma_dot_tiles<scalar_t, 2>(o, segments, ksteps, mtiles, ksplit, tile);
       break;
     case 4:
-      mma_dot_tiles<scalar_t, 4>(a, b, segments, seg_rows, b_stride, b_seg, row, state, mtiles, ksplit, tile);
+      mma_dot_tiles<scalar_t, 4>(o, segments, ksteps, mtiles, ksplit, tile);
       break;
     default:
-      mma_dot_tiles<scalar_t, 8>(a, b, segments, seg_rows, b_stride, b_seg, row, state, mtiles, ksplit, tile);
+      mma_dot_tiles<scalar_t, 8>(o, segments, ksteps, mtiles, ksplit, tile);
       break;
   }
 }
 
-// D[m][n] of mma_dot: its k slices added in order.
+// D[m][n] of mma_dot: its k slices added in order. Every slice's value is
+// loaded before the first add (a chain of dependent loads would cost a
+// shared-memory round trip per slice).
 __device__ __forceinline__ float tile_sum(const float* tile, int m, int n, int mtiles, int ntiles,
                                           int ksplit) {
   const int ld = ntiles * 8 + 1, slice = mtiles * 16 * ld;
-  float v = 0.f;
-  for (int s = 0; s < ksplit; ++s) v += tile[s * slice + m * ld + n];
-  return v;
+  const float* p = tile + m * ld + n;
+  float v[kMaxKsplit];
+#pragma unroll
+  for (int s = 0; s < kMaxKsplit; ++s) v[s] = s < ksplit ? p[s * slice] : 0.f;
+  float sum = v[0];
+#pragma unroll
+  for (int s = 1; s < kMaxKsplit; ++s) sum += v[s];
+  return sum;
 }
 
 // The sums over each KS-lane group of a warp (KS divides 32: the xor

@@ -19,6 +19,10 @@
 namespace lltm {
 namespace cuda_detail {
 
+// tile_sum adds at most kMaxKsplit slices: the planner gives a task at most one per warp.
+static_assert(kMaxKsplit >= kMaxThreads / 32,
+              "a CTA's warps can split k into more slices than tile_sum adds");
+
 // 16-byte chunks of W_hh's rows (forward) or columns (backward) a lane of
 // the FMA dot keeps in registers: G gates x 4 words each, 96 registers at
 // most (seq_plan.h's reg_chunks, which the planner checks).
@@ -188,7 +192,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int next = (t + 1) & 1;
     const bool last = t + 1 == p.steps;
     if constexpr (kMma) {  // every warp: the CTA's G J x Bp products
-      mma_dot<scalar_t>(w_s, h_cur, 1, 0, row, 0, row, S, p.mtiles, Bp / 8, p.ksplit, tile);
+      mma_dot<scalar_t>(w_s, h_cur, 1, 0, row, 0, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, tile);
       __syncthreads();
       clk.mark(0);
     }
@@ -503,7 +507,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     // d h_{t-1}[b, j] += sum_g sum_k dzh_t[b, g S + k] W_hh[g S + k, j]
     const scalar_t* x_cur = ex.view(parity);
     if constexpr (kMma) {  // every warp: the CTA's J x Bp products over G k segments
-      mma_dot<scalar_t>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, Bp / 8, p.ksplit, tile);
+      mma_dot<scalar_t>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, tile);
       __syncthreads();
       clk.mark(4);
     }

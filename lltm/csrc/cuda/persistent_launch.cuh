@@ -250,6 +250,7 @@ bool launch(const Params& base, const at::Tensor& like) {
   params.ks = split.ks;
   params.row = split.row;
   params.mtiles = split.mtiles;
+  params.mstack = split.mstack;
   params.ksplit = split.ksplit;
   params.w_rows = split.w_rows;
   at::Tensor exchange, arrivals;

@@ -36,7 +36,7 @@ struct ForwardParams {
   int64_t steps, batch;
   int64_t chunk0;  // the first chunk of this launch (a wave)
   int state, group, units, rows, rows_padded, ks, row;
-  int mtiles, ksplit, w_rows;  // the MMA dot (seq_plan.h's Split)
+  int mtiles, mstack, ksplit, w_rows;  // the MMA dot (seq_plan.h's Split)
 };
 
 // One launch of the backward kernel (reverse time).
@@ -60,7 +60,7 @@ struct BackwardParams {
   int64_t steps, batch;
   int64_t chunk0;  // the first chunk of this launch (a wave)
   int state, group, units, rows, rows_padded, ks, row;
-  int mtiles, ksplit, w_rows;  // the MMA dot (seq_plan.h's Split)
+  int mtiles, mstack, ksplit, w_rows;  // the MMA dot (seq_plan.h's Split)
 };
 
 // Where this CTA sits: its units [j0, j0 + jn) and batch rows [b0, b0 + bn).

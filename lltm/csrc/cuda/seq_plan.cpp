@@ -170,17 +170,31 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
                           : static_cast<int>(std::min<int64_t>(
                                 kMaxThreads, std::max<int64_t>(32, ceil_div(pairs * ks, 32) * 32)));
   int64_t w_rows = dot == Dot::kFmaRegs ? 0 : p.gates * units;
-  int64_t scratch = 0;  // MMA: the float tile of partial sums, [ksplit][mtiles 16][padded + 1]
+  // MMA: the float tile of partial sums, [ksplit][mtiles 16][padded + 1]
+  auto smem_of = [&](int64_t ksplit) {
+    const int64_t scratch = mma ? ksplit * 16 * s.mtiles * (padded + 1) * 4 : 0;
+    return kHeaderBytes + ceil_div((w_rows * row + exchanged) * p.elem, 16) * 16 + scratch;
+  };
   if (mma) {
     // A: forward the G J rows of W_hh, backward J rows (columns of W_hh) in
     // G k segments J rows apart; the last tile may read past them.
     s.mtiles = static_cast<int>(ceil_div(p.backward ? units : p.gates * units, 16));
-    s.ksplit = static_cast<int>(std::clamp<int64_t>(threads / 32 / s.mtiles, 1, mma_ksteps(p)));
     s.mma = mma;
     w_rows = std::max<int64_t>(w_rows, (p.backward ? (p.gates - 1) * units : 0) + 16 * s.mtiles);
-    scratch = int64_t(s.ksplit) * 16 * s.mtiles * (padded + 1) * 4;
+    // Tasks of several tiles share their B fragments: the most tiles
+    // mma_stack_max allows that divide mtiles, and the warps split k among
+    // the task rows. More k slices need a larger tile of partial sums: where
+    // it does not fit, one tile a task.
+    const int warps = threads / 32;
+    s.mstack = std::min(s.mtiles, mma_stack_max(static_cast<int>(padded / 8)));
+    while (s.mtiles % s.mstack != 0) --s.mstack;
+    s.ksplit = static_cast<int>(std::clamp<int64_t>(warps / (s.mtiles / s.mstack), 1, mma_ksteps(p)));
+    if (s.mstack > 1 && smem_of(s.ksplit) > static_cast<int64_t>(smem_limit)) {
+      s.mstack = 1;
+      s.ksplit = static_cast<int>(std::clamp<int64_t>(warps / s.mtiles, 1, mma_ksteps(p)));
+    }
   }
-  const int64_t smem = kHeaderBytes + ceil_div((w_rows * row + exchanged) * p.elem, 16) * 16 + scratch;
+  const int64_t smem = smem_of(s.ksplit);
   if (smem > static_cast<int64_t>(smem_limit)) return std::nullopt;
   s.rows = static_cast<int>(rows);
   s.rows_padded = static_cast<int>(padded);
@@ -280,24 +294,26 @@ struct Model {
 const Model kModel;
 
 // Cycles of one step's recurrent products with the MMA dot: per k step a
-// warp loads an A fragment (4 words a lane; float also rounds them to
-// TF32) and per B tile 2 words, then one MMA per B tile; two chains of k
-// steps are in flight per task. The bound is the slowest of the warps'
+// task loads mstack A fragments (4 words a lane; float also rounds them to
+// TF32) and per B tile 2 words, then mstack MMAs per B tile; two chains of
+// k steps are in flight per task. The bound is the slowest of the warps'
 // chains, the tensor cores (4 per SM) and the shared-memory port (one
-// 128-byte warp load a cycle); then the tile's round trip through shared
-// memory (see Model::mma_step_offset).
+// 128-byte warp load a cycle: A is read once, B once per row of tasks);
+// then the tile's round trip through shared memory (see
+// Model::mma_step_offset).
 double mma_dot_cycles(const Problem& p, const Split& s) {
   const double ksteps = static_cast<double>(mma_ksteps(p));
   const double nt = s.rows_padded / 8.0;
   const double warps = s.threads / 32.0;
-  const double tasks = std::ceil(s.mtiles * s.ksplit / warps);  // (tile, k slice) tasks per warp
+  const double task_rows = s.mtiles / s.mstack;
+  const double tasks = std::ceil(task_rows * s.ksplit / warps);  // (tiles, k slice) tasks per warp
   const double per_task = std::ceil(ksteps / s.ksplit);
-  const double loads = 4 + 2 * nt;
+  const double loads = 4 * s.mstack + 2 * nt;    // per k step of a task
   const double round = p.elem == 4 ? loads : 0;  // cvt.rna.tf32 per word
-  const double issue = kModel.issue_factor * (loads + round + nt);
+  const double issue = kModel.issue_factor * (loads + round + s.mstack * nt);
   const double chains = tasks * per_task * std::max(kModel.mma_chain / 2, issue);
   const double tensor = s.mtiles * ksteps * nt * kModel.mma_pipe / 4;
-  const double smem = s.mtiles * ksteps * loads;
+  const double smem = ksteps * (4 * s.mtiles + 2 * nt * task_rows);  // A once, B once per task row
   return std::max({chains, tensor, smem}) + kModel.mma_step_offset;
 }
 
@@ -481,7 +497,7 @@ std::string describe(const Problem& p, const Decision& decision) {
          << (s.mma      ? "mma"
              : s.w_regs ? "fma w=regs"
                         : "fma w=smem");
-      if (s.mma) os << " mtiles=" << s.mtiles << " ksplit=" << s.ksplit;
+      if (s.mma) os << " mtiles=" << s.mtiles << " mstack=" << s.mstack << " ksplit=" << s.ksplit;
     }
     os << " model_us=" << c.cost_us;
   }

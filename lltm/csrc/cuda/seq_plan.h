@@ -98,9 +98,14 @@ struct Split {
   bool mma = false;
   bool w_regs = false;  // FMA dot: W_h's slice in registers (w_rows = 0), not in shared memory
   int mtiles = 0;       // 16-row tiles of A
-  int ksplit = 0;       // warps splitting the k range of one tile (partial sums added in order)
+  int mstack = 1;       // tiles of A one warp's task takes (sharing its B fragments)
+  int ksplit = 0;       // k slices of each task's tiles (partial sums added in order)
   int w_rows = 0;       // rows of W_h's slice in shared memory (past 3 J: read by the last tile, unused)
 };
+
+// The most tiles of A one MMA task takes with `ntiles` tiles of B (the
+// task's accumulators are 4 mstack ntiles floats a lane).
+constexpr int mma_stack_max(int ntiles) { return ntiles <= 2 ? 4 : ntiles == 4 ? 2 : 1; }
 
 struct Plan {
   SeqPath path = SeqPath::kLoop;
