@@ -85,6 +85,24 @@ __device__ __forceinline__ void mma_tile(float (&d)[4], const uint32_t (&a)[4], 
 #endif
 }
 
+// The shared-memory layout of the products, in bytes, as FragmentWalk takes it.
+struct MmaOperands {
+  uint32_t a, b;  // shared addresses of A's row 0 and B's batch row 0
+  int row_bytes, b_stride_bytes, seg_a_bytes, seg_b_bytes;
+};
+
+template <typename scalar_t>
+__device__ __forceinline__ MmaOperands mma_operands(const scalar_t* a, const scalar_t* b, int seg_rows,
+                                                    int b_stride, int b_seg, int row) {
+  constexpr int e = sizeof(scalar_t);
+  return {static_cast<uint32_t>(__cvta_generic_to_shared(a)),
+          static_cast<uint32_t>(__cvta_generic_to_shared(b)),
+          row * e,
+          b_stride * e,
+          seg_rows * row * e,
+          b_seg * e};
+}
+
 // Where this lane's fragments of one k step lie in shared memory, and how
 // they move from one k step to the next.
 struct FragmentWalk {
@@ -98,18 +116,18 @@ struct FragmentWalk {
   // (i odd) at k bytes 0 / 16 (i >= 2): registers a0..a3 of the MMA. B in
   // pairs of tiles: matrix i is tile i / 2, k bytes 16 (i % 2); .x2 (one
   // tile) reads lanes 0..15's addresses.
-  __device__ static FragmentWalk make(uint32_t a_base, uint32_t b_base, int row_bytes, int b_stride_bytes,
-                                      int seg_a_bytes, int seg_b_bytes, int ksteps, int k, int m0) {
+  __device__ static FragmentWalk make(const MmaOperands& o, int ksteps, int k, int m0) {
     const int lane = threadIdx.x & 31, i = lane >> 3, r = lane & 7;
     const int seg = k / ksteps, kin = k - seg * ksteps;
     FragmentWalk w;
-    w.a = a_base + (m0 * 16 + r + (i & 1) * 8) * row_bytes + (i >> 1) * 16 + seg * seg_a_bytes +
+    w.a = o.a + (m0 * 16 + r + (i & 1) * 8) * o.row_bytes + (i >> 1) * 16 + seg * o.seg_a_bytes +
           kin * kKstepBytes;
-    w.b = b_base + ((i >> 1) * 8 + r) * b_stride_bytes + (i & 1) * 16 + seg * seg_b_bytes + kin * kKstepBytes;
-    w.a_tile = 16 * row_bytes;
-    w.b_pair = 16 * b_stride_bytes;
-    w.a_wrap = seg_a_bytes - ksteps * kKstepBytes;
-    w.b_wrap = seg_b_bytes - ksteps * kKstepBytes;
+    w.b =
+        o.b + ((i >> 1) * 8 + r) * o.b_stride_bytes + (i & 1) * 16 + seg * o.seg_b_bytes + kin * kKstepBytes;
+    w.a_tile = 16 * o.row_bytes;
+    w.b_pair = 16 * o.b_stride_bytes;
+    w.a_wrap = o.seg_a_bytes - ksteps * kKstepBytes;
+    w.b_wrap = o.seg_b_bytes - ksteps * kKstepBytes;
     w.ksteps = ksteps;
     w.kin = kin;
     return w;
@@ -149,24 +167,6 @@ struct FragmentWalk {
   }
 };
 
-// The shared-memory layout of the products, in bytes, as FragmentWalk takes it.
-struct MmaOperands {
-  uint32_t a, b;  // shared addresses of A's row 0 and B's batch row 0
-  int row_bytes, b_stride_bytes, seg_a_bytes, seg_b_bytes;
-};
-
-template <typename scalar_t>
-__device__ __forceinline__ MmaOperands mma_operands(const scalar_t* a, const scalar_t* b, int seg_rows,
-                                                    int b_stride, int b_seg, int row) {
-  constexpr int e = sizeof(scalar_t);
-  return {static_cast<uint32_t>(__cvta_generic_to_shared(a)),
-          static_cast<uint32_t>(__cvta_generic_to_shared(b)),
-          row * e,
-          b_stride * e,
-          seg_rows * row * e,
-          b_seg * e};
-}
-
 // D fragment: rows g and g + 8, columns 2t and 2t + 1 of each B tile.
 template <int NT>
 __device__ __forceinline__ void store_tile(float* tile, int slice, int mtiles, int m,
@@ -198,8 +198,7 @@ __device__ __forceinline__ void mma_dot_tiles(const MmaOperands& o, int segments
   for (int task = warp; task < mtiles * ksplit; task += warps) {
     const int mt = task % mtiles, slice = task / mtiles;
     const int k0 = slice * total / ksplit, k1 = (slice + 1) * total / ksplit;
-    FragmentWalk walk = FragmentWalk::make(o.a, o.b, o.row_bytes, o.b_stride_bytes, o.seg_a_bytes,
-                                           o.seg_b_bytes, ksteps, k0, mt);
+    FragmentWalk walk = FragmentWalk::make(o, ksteps, k0, mt);
     float acc[kSets][NT][4];
 #pragma unroll
     for (int h = 0; h < kSets; ++h) {
@@ -249,8 +248,7 @@ __device__ __forceinline__ void mma_dot_stacked(const MmaOperands& o, int segmen
   for (int task = warp; task < mgroups * ksplit; task += warps) {
     const int m0 = (task % mgroups) * MS, slice = task / mgroups;
     const int k0 = slice * total / ksplit, k1 = (slice + 1) * total / ksplit;
-    FragmentWalk walk = FragmentWalk::make(o.a, o.b, o.row_bytes, o.b_stride_bytes, o.seg_a_bytes,
-                                           o.seg_b_bytes, ksteps, k0, m0);
+    FragmentWalk walk = FragmentWalk::make(o, ksteps, k0, m0);
     float acc[MS][NT][4];
 #pragma unroll
     for (int m = 0; m < MS; ++m) {
@@ -275,9 +273,27 @@ __device__ __forceinline__ void mma_dot_stacked(const MmaOperands& o, int segmen
   }
 }
 
-// One step's products of the CTA: the plan's tasks (seq_plan.h's Split:
-// mstack = 1, or one of mma_stack_max's with NT tiles of B). The k step
-// counts a segment's 32-byte steps of S.
+// The tasks with NT tiles of B: mstack tiles of A each where mma_stack_max(NT)
+// allows it (2 to 4), else one (a task of one tile covers every tile of any
+// plan's [ksplit][mtiles] layout, only more slowly).
+template <typename scalar_t, int NT>
+__device__ __forceinline__ void mma_dot_nt(const MmaOperands& o, int segments, int ksteps, int mtiles,
+                                           int mstack, int ksplit, float* tile) {
+  if constexpr (mma_stack_max(NT) >= 2) {
+    if (mstack == 2) return mma_dot_stacked<scalar_t, NT, 2>(o, segments, ksteps, mtiles, ksplit, tile);
+  }
+  if constexpr (mma_stack_max(NT) >= 3) {
+    if (mstack == 3) return mma_dot_stacked<scalar_t, NT, 3>(o, segments, ksteps, mtiles, ksplit, tile);
+  }
+  if constexpr (mma_stack_max(NT) >= 4) {
+    if (mstack == 4) return mma_dot_stacked<scalar_t, NT, 4>(o, segments, ksteps, mtiles, ksplit, tile);
+  }
+  mma_dot_tiles<scalar_t, NT>(o, segments, ksteps, mtiles, ksplit, tile);
+}
+
+// One step's products of the CTA, as the plan splits them (seq_plan.h's
+// Split: ntiles tiles of B, tasks of mstack tiles of A). A k step is 32
+// bytes of a row of S.
 template <typename scalar_t>
 __device__ __forceinline__ void mma_dot(const scalar_t* a, const scalar_t* b, int segments, int seg_rows,
                                         int b_stride, int b_seg, int row, int state, int mtiles, int mstack,
@@ -285,45 +301,18 @@ __device__ __forceinline__ void mma_dot(const scalar_t* a, const scalar_t* b, in
   constexpr int kStep = kKstepBytes / static_cast<int>(sizeof(scalar_t));
   const int ksteps = (state + kStep - 1) / kStep;
   const MmaOperands o = mma_operands(a, b, seg_rows, b_stride, b_seg, row);
-#define LLTM_MMA_TASKS(NT, MS) mma_dot_stacked<scalar_t, NT, MS>(o, segments, ksteps, mtiles, ksplit, tile)
-  if (mstack > 1) {
-    switch (ntiles * 8 + mstack) {
-      case 1 * 8 + 2:
-        LLTM_MMA_TASKS(1, 2);
-        return;
-      case 1 * 8 + 3:
-        LLTM_MMA_TASKS(1, 3);
-        return;
-      case 1 * 8 + 4:
-        LLTM_MMA_TASKS(1, 4);
-        return;
-      case 2 * 8 + 2:
-        LLTM_MMA_TASKS(2, 2);
-        return;
-      case 2 * 8 + 3:
-        LLTM_MMA_TASKS(2, 3);
-        return;
-      case 2 * 8 + 4:
-        LLTM_MMA_TASKS(2, 4);
-        return;
-      default:  // 4 tiles of B, 2 of A
-        LLTM_MMA_TASKS(4, 2);
-        return;
-    }
-  }
-#undef LLTM_MMA_TASKS
   switch (ntiles) {
     case 1:
-      mma_dot_tiles<scalar_t, 1>(o, segments, ksteps, mtiles, ksplit, tile);
+      mma_dot_nt<scalar_t, 1>(o, segments, ksteps, mtiles, mstack, ksplit, tile);
       break;
     case 2:
-      mma_dot_tiles<scalar_t, 2>(o, segments, ksteps, mtiles, ksplit, tile);
+      mma_dot_nt<scalar_t, 2>(o, segments, ksteps, mtiles, mstack, ksplit, tile);
       break;
     case 4:
-      mma_dot_tiles<scalar_t, 4>(o, segments, ksteps, mtiles, ksplit, tile);
+      mma_dot_nt<scalar_t, 4>(o, segments, ksteps, mtiles, mstack, ksplit, tile);
       break;
     default:
-      mma_dot_tiles<scalar_t, 8>(o, segments, ksteps, mtiles, ksplit, tile);
+      mma_dot_nt<scalar_t, 8>(o, segments, ksteps, mtiles, mstack, ksplit, tile);
       break;
   }
 }

@@ -185,13 +185,16 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
     // mma_stack_max allows that divide mtiles, and the warps split k among
     // the task rows. More k slices need a larger tile of partial sums: where
     // it does not fit, one tile a task.
-    const int warps = threads / 32;
+    auto split_k = [&] {
+      const int64_t task_rows = s.mtiles / s.mstack;
+      s.ksplit = static_cast<int>(std::clamp<int64_t>(threads / 32 / task_rows, 1, mma_ksteps(p)));
+    };
     s.mstack = std::min(s.mtiles, mma_stack_max(static_cast<int>(padded / 8)));
     while (s.mtiles % s.mstack != 0) --s.mstack;
-    s.ksplit = static_cast<int>(std::clamp<int64_t>(warps / (s.mtiles / s.mstack), 1, mma_ksteps(p)));
+    split_k();
     if (s.mstack > 1 && smem_of(s.ksplit) > static_cast<int64_t>(smem_limit)) {
       s.mstack = 1;
-      s.ksplit = static_cast<int>(std::clamp<int64_t>(warps / s.mtiles, 1, mma_ksteps(p)));
+      split_k();
     }
   }
   const int64_t smem = smem_of(s.ksplit);
