@@ -226,6 +226,7 @@ struct GridExchange {
   int bp, bn;            // batch rows per local block (padded), of which this chunk's
   int row;               // elements per exchanged row (padded)
   int group;
+  uint32_t bar;  // sm_90: shared address of the reload's mbarrier (the header's first)
 
   __device__ T* view(int /*parity*/) const { return local; }
 
@@ -240,18 +241,50 @@ struct GridExchange {
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(arrivals) : "memory");
   }
   // The n-th exchange of this launch is complete when the group has
-  // arrived (n + 1) times; then the chunk's rows of that parity are copied
-  // into shared memory, 16 bytes at a time, from L2 (.cg: another SM wrote
-  // them, this SM's L1 may hold an older copy). On sm_80+ every thread
-  // issues all its copies at once (cp.async) and waits for them once, so
-  // the copy costs one L2 round trip and the SM's share of L2 bandwidth, not
-  // a round trip per 16 bytes.
+  // arrived (n + 1) times (thread 0 waits for the count); then the chunk's
+  // rows of that parity are copied into shared memory from L2.
+  //   sm_90: each gate block (bn rows, contiguous in both places) is one
+  //   bulk copy of the copy engine, issued by thread 0, its bytes counted on
+  //   the mbarrier every thread waits on (exchange n completes its phase n).
+  //   The proxy fences order the copy's global reads after the acquire and
+  //   its shared-memory writes after the last step's reads (the barrier in
+  //   arrive()). Against 16-byte copies from every thread: backward steps
+  //   15% shorter at 98 KB a step (docs/benchmarks-history.md, section 18).
+  //   sm_80: every thread issues its 16-byte copies at once (cp.async.cg:
+  //   L2, not this SM's L1, which may hold an older copy) and waits for them
+  //   once: one L2 round trip and the SM's share of L2 bandwidth.
   __device__ void wait(int parity, int64_t n) const {
     if (threadIdx.x == 0) {
       const unsigned target = static_cast<unsigned>(n + 1) * static_cast<unsigned>(group);
       while (static_cast<int>(load_acquire(arrivals) - target) < 0) {
       }
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+      const uint32_t block = static_cast<uint32_t>(bn * row * sizeof(T));
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                   "r"(block * static_cast<uint32_t>(rows_per))
+                   : "memory");
+      for (int i = 0; i < rows_per; ++i) {
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                smem_address(local + int64_t(i) * bp * row)),
+            "l"(global + parity * parity_elems + i * gate_elems + first), "r"(block), "r"(bar)
+            : "memory");
+      }
+    }
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "reload_wait:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra reload_wait;\n"
+        "}\n" ::"r"(bar),
+        "r"(static_cast<uint32_t>(n) & 1u)
+        : "memory");
+#else
     __syncthreads();
     const int vectors = bn * row * static_cast<int>(sizeof(T)) / 16;  // per gate block
     for (int i = 0; i < rows_per; ++i) {
@@ -271,12 +304,19 @@ struct GridExchange {
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 #endif
     __syncthreads();
+#endif
   }
-  __device__ void start() const { __syncthreads(); }
+
+  __device__ void start() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+#endif
+    __syncthreads();
+  }
 
   template <typename Params>
   __device__ static GridExchange make(const Params& p, const Slice& s, T* buffer, int rows_per,
-                                      unsigned char* /*header*/) {
+                                      unsigned char* header) {
     return {buffer,
             p.exchange,
             p.arrivals + s.chunk,
@@ -287,7 +327,8 @@ struct GridExchange {
             p.rows_padded,
             s.bn,
             p.row,
-            p.group};
+            p.group,
+            smem_address(header)};
   }
 };
 

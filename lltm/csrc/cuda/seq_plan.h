@@ -69,8 +69,8 @@ constexpr int kMaxMmaRows = 64;
 constexpr int reg_chunks(int gates) { return 24 / gates; }
 
 // Bytes at the start of a persistent kernel's dynamic shared memory that
-// hold the cluster exchange's two mbarriers (one per buffer parity); the
-// split's smem counts them.
+// hold the cluster exchange's two mbarriers (one per buffer parity), or the
+// grid exchange's one (its bulk reload, sm_90); the split's smem counts them.
 constexpr int kHeaderBytes = 16;
 
 const char* path_name(SeqPath path);
