@@ -169,15 +169,18 @@ __global__ void __launch_bounds__(kMaxThreads)
     at_saved[n] = b * NV * S + j;
     at_out[n] = b * S + j;
   }
-  // The input projections x_t W_ih^T of step t, loaded one step ahead.
-  acc_t z[G][NB];
+  // The input projections x_t W_ih^T of step t, loaded one step ahead and
+  // kept in the tensor dtype until step t's cell math widens them: a
+  // conversion here would wait for the loads (an HBM round trip) before the
+  // exchange's wait, on the step's critical path (thread 0 polls the group).
+  scalar_t z[G][NB];
   auto load_z = [&](int64_t t) {
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
       const bool live = valid[n] && t < length[n];
       const scalar_t* g = p.zx + t * zx_step + at_zx[n];
 #pragma unroll
-      for (int i = 0; i < G; ++i) z[i][n] = live ? static_cast<acc_t>(g[i * S]) : acc_t(0);
+      for (int i = 0; i < G; ++i) z[i][n] = live ? g[i * S] : scalar_t(0);
     }
   };
   load_z(0);
@@ -262,7 +265,7 @@ __global__ void __launch_bounds__(kMaxThreads)
         acc_t zx[G], zh[G], old[NS], upd[NS], sv[NV];
 #pragma unroll
         for (int i = 0; i < G; ++i) {
-          zx[i] = z[i][n] + b_ih[i];
+          zx[i] = static_cast<acc_t>(z[i][n]) + b_ih[i];
           zh[i] = acc[i * NB + n] + b_hh[i];
         }
         const scalar_t h_prev = h_cur[r * row + j];
@@ -419,26 +422,25 @@ __global__ void __launch_bounds__(kMaxThreads)
     at_out[n] = b * S + j;
   }
   // State k after step t: h from the output, the others from p.states; before step 0: the initial state.
-  auto state_at = [&](int k, int64_t t, int n) -> acc_t {
-    if (t < 0) return static_cast<acc_t>(p.state0[k][(s.b0 + grp.r0 + n) * p.state0_ld[k] + j]);
+  // Kept in the tensor dtype until the step's cell math (see the forward's load_z).
+  auto state_at = [&](int k, int64_t t, int n) -> scalar_t {
+    if (t < 0) return p.state0[k][(s.b0 + grp.r0 + n) * p.state0_ld[k] + j];
     const scalar_t* src = k == 0 ? p.output : p.states + (k - 1) * p.steps * out_step;
-    return static_cast<acc_t>(src[t * out_step + at_out[n]]);
+    return src[t * out_step + at_out[n]];
   };
-  acc_t saved_t[NV][NB], old_t[NS][NB], new_t[NS][NB], gout_t[NB];
+  scalar_t saved_t[NV][NB], old_t[NS][NB], new_t[NS][NB], gout_t[NB];
   auto load_step = [&](int64_t t) {
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
       const bool live = valid[n] && t < length[n];
       const scalar_t* sv = p.saved + t * saved_step + at_saved[n];
-      gout_t[n] = live && p.grad_output != nullptr
-                      ? static_cast<acc_t>(p.grad_output[t * out_step + at_out[n]])
-                      : acc_t(0);
+      gout_t[n] = live && p.grad_output != nullptr ? p.grad_output[t * out_step + at_out[n]] : scalar_t(0);
 #pragma unroll
-      for (int k = 0; k < NV; ++k) saved_t[k][n] = live ? static_cast<acc_t>(sv[k * S]) : acc_t(0);
+      for (int k = 0; k < NV; ++k) saved_t[k][n] = live ? sv[k * S] : scalar_t(0);
 #pragma unroll
       for (int k = 0; k < NS; ++k) {
-        old_t[k][n] = live && (Cell::kOldRead >> k & 1u) ? state_at(k, t - 1, n) : acc_t(0);
-        new_t[k][n] = live && (Cell::kNewRead >> k & 1u) ? state_at(k, t, n) : acc_t(0);
+        old_t[k][n] = live && (Cell::kOldRead >> k & 1u) ? state_at(k, t - 1, n) : scalar_t(0);
+        new_t[k][n] = live && (Cell::kNewRead >> k & 1u) ? state_at(k, t, n) : scalar_t(0);
       }
     }
   };
@@ -457,13 +459,14 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int n = 0; n < NB; ++n) {
         const bool alive = t < length[n];  // false for rows past the chunk (length 0)
         acc_t dnext[NS], old[NS], upd[NS], sv[NV], dzx[G], dzh[G], ds[NS];
-        dnext[0] = d[0][n] + gout_t[n];
+        dnext[0] = d[0][n] + static_cast<acc_t>(gout_t[n]);
 #pragma unroll
         for (int k = 1; k < NS; ++k) dnext[k] = d[k][n];
 #pragma unroll
-        for (int k = 0; k < NS; ++k) old[k] = old_t[k][n], upd[k] = new_t[k][n];
+        for (int k = 0; k < NS; ++k)
+          old[k] = static_cast<acc_t>(old_t[k][n]), upd[k] = static_cast<acc_t>(new_t[k][n]);
 #pragma unroll
-        for (int k = 0; k < NV; ++k) sv[k] = saved_t[k][n];
+        for (int k = 0; k < NV; ++k) sv[k] = static_cast<acc_t>(saved_t[k][n]);
         Cell::template backward<M>(dnext, old, upd, sv, dzx, dzh, ds);
 #pragma unroll
         for (int i = 0; i < G; ++i) {
