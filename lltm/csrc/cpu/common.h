@@ -71,9 +71,25 @@ inline bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t-
 //   AVX2 tile (4 rows x 3 vectors) reached ~75% of MKL's rate there (Zen 3
 //   core, T*B = 3200 rows, K and N 256 to 1024: ~25 against ~34 GFMA/s),
 //   while its AVX-512 tile (8 x 3 zmm) ran at 2.5x MKL's on the Zen 5 of
-//   docs/benchmarks.md, where MKL takes its AVX2 path on an AMD CPU.
+//   docs/benchmarks.md, where MKL takes its AVX2 path on an AMD CPU;
+// - float and double on an Intel CPU with AVX-512, where MKL runs its own
+//   AVX-512 kernels: 150 GFLOP/s on one core of the Xeon of
+//   docs/benchmarks-history.md section 20 (3200 x 1024 x 256), and the
+//   LSTM's backward lost 1.3x to oneDNN's with the own GEMM there.
 // The time loop's GEMMs stay the backend's own everywhere: their tiles feed
 // the cell's math in registers.
+inline bool intel_cpu() {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  static const bool intel = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;
+  }();
+  return intel;
+#else
+  return false;
+#endif
+}
+
 inline bool parameter_gemms_by_aten(const at::Tensor& t) {
   static const bool avx512_bf16 = [] {
     if (std::string(kernels_capability()) != "avx512") return false;
@@ -85,8 +101,10 @@ inline bool parameter_gemms_by_aten(const at::Tensor& t) {
     return flag("avx512_bf16") || flag("amx_bf16");
   }();
   static const bool avx2 = std::string(kernels_capability()) == "avx2";
+  static const bool avx512_intel = std::string(kernels_capability()) == "avx512" && intel_cpu();
   const auto dtype = t.scalar_type();
-  return (avx512_bf16 && dtype == at::kBFloat16) || (avx2 && (dtype == at::kFloat || dtype == at::kDouble));
+  return (avx512_bf16 && dtype == at::kBFloat16) ||
+         ((avx2 || avx512_intel) && (dtype == at::kFloat || dtype == at::kDouble));
 }
 
 // A contiguous copy (or the tensor itself when already contiguous) of an
