@@ -70,7 +70,8 @@ def test_readme_links_the_docs(target):
 
 
 def test_one_name_for_the_cpu_of_the_cpu_tables():
-    """Every CPU table of the history ran on the 2-core AMD EPYC; no table names another CPU as its machine."""
+    """Every CPU table names its machine in its heading (the 2-core AMD EPYC, or the 2-core Intel Xeon of
+    history section 20); no line starts with a bare CPU name."""
     for name in ("benchmarks.md", "benchmarks-history.md"):
         for line in (ROOT / "docs" / name).read_text().splitlines():
             assert not line.startswith("Intel Xeon"), (name, line)
