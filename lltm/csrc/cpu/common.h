@@ -91,8 +91,9 @@ inline bool intel_cpu() {
 }
 
 inline bool parameter_gemms_by_aten(const at::Tensor& t) {
+  static const std::string capability = kernels_capability();
   static const bool avx512_bf16 = [] {
-    if (std::string(kernels_capability()) != "avx512") return false;
+    if (capability != "avx512") return false;
     const auto caps = at::cpu::get_cpu_capabilities();
     const auto flag = [&](const char* name) {
       const auto it = caps.find(name);
@@ -100,8 +101,8 @@ inline bool parameter_gemms_by_aten(const at::Tensor& t) {
     };
     return flag("avx512_bf16") || flag("amx_bf16");
   }();
-  static const bool avx2 = std::string(kernels_capability()) == "avx2";
-  static const bool avx512_intel = std::string(kernels_capability()) == "avx512" && intel_cpu();
+  static const bool avx2 = capability == "avx2";
+  static const bool avx512_intel = capability == "avx512" && intel_cpu();
   const auto dtype = t.scalar_type();
   return (avx512_bf16 && dtype == at::kBFloat16) ||
          ((avx2 || avx512_intel) && (dtype == at::kFloat || dtype == at::kDouble));

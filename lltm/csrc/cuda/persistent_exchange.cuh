@@ -35,6 +35,22 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Waits until the phase of parity `phase` of the mbarrier at shared address
+// `bar` has completed (sm_90; both exchanges' waits).
+[[maybe_unused]] __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t phase) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_loop:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_loop;\n"
+      "}\n" ::"r"(bar),
+      "r"(phase)
+      : "memory");
+#endif
+}
+
 [[maybe_unused]] __device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
   uint32_t remote;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -143,15 +159,7 @@ struct ClusterExchange {
     if (expected == 0) return;
     const uint32_t bar = bars + 8 * parity;
     const uint32_t phase = static_cast<uint32_t>(n >> 1) & 1u;
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "wait_loop:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra wait_loop;\n"
-        "}\n" ::"r"(bar),
-        "r"(phase)
-        : "memory");
+    mbarrier_wait(bar, phase);
     if (threadIdx.x == 0) arm(bar);
 #endif
   }
@@ -275,15 +283,7 @@ struct GridExchange {
             : "memory");
       }
     }
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "reload_wait:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra reload_wait;\n"
-        "}\n" ::"r"(bar),
-        "r"(static_cast<uint32_t>(n) & 1u)
-        : "memory");
+    mbarrier_wait(bar, static_cast<uint32_t>(n) & 1u);
 #else
     __syncthreads();
     const int vectors = bn * row * static_cast<int>(sizeof(T)) / 16;  // per gate block
