@@ -117,8 +117,12 @@ struct FragmentWalk {
   // pairs of tiles: matrix i is tile i / 2, k bytes 16 (i % 2); .x2 (one
   // tile) reads lanes 0..15's addresses.
   __device__ static FragmentWalk make(const MmaOperands& o, int ksteps, int k, int m0) {
+    const int seg = k / ksteps;
+    return at(o, ksteps, seg, k - seg * ksteps, m0);
+  }
+  // The same at k step kin of segment seg (no division).
+  __device__ static FragmentWalk at(const MmaOperands& o, int ksteps, int seg, int kin, int m0) {
     const int lane = threadIdx.x & 31, i = lane >> 3, r = lane & 7;
-    const int seg = k / ksteps, kin = k - seg * ksteps;
     FragmentWalk w;
     w.a = o.a + (m0 * 16 + r + (i & 1) * 8) * o.row_bytes + (i >> 1) * 16 + seg * o.seg_a_bytes +
           kin * kKstepBytes;
@@ -167,6 +171,38 @@ struct FragmentWalk {
   }
 };
 
+// A warp's first task (task = warp) of the plan's dot: its first tile, k
+// slice and k range, placed once per launch. Each step's dot takes them
+// from here: the divisions that place a task (by the plan's runtime tile
+// and slice counts) were a chain of ~100 dependent instructions at the
+// start of every step's dot, on the step's critical path. Later tasks of a
+// warp (plans with more tasks than warps) are placed as they come.
+struct WarpTask {
+  int m0, slice, k0, k1, seg, kin;
+};
+
+// The tiles a task of mma_dot_nt takes with `mstack` and `ntiles` (it
+// falls back to one where mma_stack_max(ntiles) allows fewer).
+__device__ __forceinline__ int task_tiles(int mstack, int ntiles) {
+  return mstack >= 2 && mstack <= 4 && mstack <= mma_stack_max(ntiles) ? mstack : 1;
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ WarpTask warp_task(int segments, int state, int mtiles, int mstack, int ntiles,
+                                              int ksplit) {
+  constexpr int kStep = kKstepBytes / static_cast<int>(sizeof(scalar_t));
+  const int ksteps = (state + kStep - 1) / kStep, total = segments * ksteps;
+  const int ms = task_tiles(mstack, ntiles), mgroups = mtiles / ms, warp = threadIdx.x >> 5;
+  WarpTask w;
+  w.m0 = (warp % mgroups) * ms;
+  w.slice = warp / mgroups;
+  w.k0 = w.slice * total / ksplit;
+  w.k1 = (w.slice + 1) * total / ksplit;
+  w.seg = w.k0 / ksteps;
+  w.kin = w.k0 - w.seg * ksteps;
+  return w;
+}
+
 // D fragment: rows g and g + 8, columns 2t and 2t + 1 of each B tile.
 template <int NT>
 __device__ __forceinline__ void store_tile(float* tile, int slice, int mtiles, int m,
@@ -191,14 +227,21 @@ __device__ __forceinline__ void store_tile(float* tile, int slice, int mtiles, i
 // at the end in a fixed order.
 template <typename scalar_t, int NT>
 __device__ __forceinline__ void mma_dot_tiles(const MmaOperands& o, int segments, int ksteps, int mtiles,
-                                              int ksplit, float* tile) {
+                                              int ksplit, const WarpTask& first, float* tile) {
   constexpr int kSets = NT <= 2 ? 4 : 2;
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int total = segments * ksteps;
   for (int task = warp; task < mtiles * ksplit; task += warps) {
-    const int mt = task % mtiles, slice = task / mtiles;
-    const int k0 = slice * total / ksplit, k1 = (slice + 1) * total / ksplit;
-    FragmentWalk walk = FragmentWalk::make(o, ksteps, k0, mt);
+    int mt, slice, k0, k1;
+    FragmentWalk walk;
+    if (task == warp) {
+      mt = first.m0, slice = first.slice, k0 = first.k0, k1 = first.k1;
+      walk = FragmentWalk::at(o, ksteps, first.seg, first.kin, mt);
+    } else {
+      mt = task % mtiles, slice = task / mtiles;
+      k0 = slice * total / ksplit, k1 = (slice + 1) * total / ksplit;
+      walk = FragmentWalk::make(o, ksteps, k0, mt);
+    }
     float acc[kSets][NT][4];
 #pragma unroll
     for (int h = 0; h < kSets; ++h) {
@@ -241,14 +284,21 @@ __device__ __forceinline__ void mma_dot_tiles(const MmaOperands& o, int segments
 // B is read from shared memory once per slice, not once per tile.
 template <typename scalar_t, int NT, int MS>
 __device__ __forceinline__ void mma_dot_stacked(const MmaOperands& o, int segments, int ksteps, int mtiles,
-                                                int ksplit, float* tile) {
+                                                int ksplit, const WarpTask& first, float* tile) {
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int total = segments * ksteps;
   const int mgroups = mtiles / MS;
   for (int task = warp; task < mgroups * ksplit; task += warps) {
-    const int m0 = (task % mgroups) * MS, slice = task / mgroups;
-    const int k0 = slice * total / ksplit, k1 = (slice + 1) * total / ksplit;
-    FragmentWalk walk = FragmentWalk::make(o, ksteps, k0, m0);
+    int m0, slice, k0, k1;
+    FragmentWalk walk;
+    if (task == warp) {
+      m0 = first.m0, slice = first.slice, k0 = first.k0, k1 = first.k1;
+      walk = FragmentWalk::at(o, ksteps, first.seg, first.kin, m0);
+    } else {
+      m0 = (task % mgroups) * MS, slice = task / mgroups;
+      k0 = slice * total / ksplit, k1 = (slice + 1) * total / ksplit;
+      walk = FragmentWalk::make(o, ksteps, k0, m0);
+    }
     float acc[MS][NT][4];
 #pragma unroll
     for (int m = 0; m < MS; ++m) {
@@ -278,42 +328,42 @@ __device__ __forceinline__ void mma_dot_stacked(const MmaOperands& o, int segmen
 // plan's [ksplit][mtiles] layout, only more slowly).
 template <typename scalar_t, int NT>
 __device__ __forceinline__ void mma_dot_nt(const MmaOperands& o, int segments, int ksteps, int mtiles,
-                                           int mstack, int ksplit, float* tile) {
+                                           int mstack, int ksplit, const WarpTask& first, float* tile) {
   if constexpr (mma_stack_max(NT) >= 2) {
-    if (mstack == 2) return mma_dot_stacked<scalar_t, NT, 2>(o, segments, ksteps, mtiles, ksplit, tile);
+    if (mstack == 2)
+      return mma_dot_stacked<scalar_t, NT, 2>(o, segments, ksteps, mtiles, ksplit, first, tile);
   }
   if constexpr (mma_stack_max(NT) >= 3) {
-    if (mstack == 3) return mma_dot_stacked<scalar_t, NT, 3>(o, segments, ksteps, mtiles, ksplit, tile);
+    if (mstack == 3)
+      return mma_dot_stacked<scalar_t, NT, 3>(o, segments, ksteps, mtiles, ksplit, first, tile);
   }
   if constexpr (mma_stack_max(NT) >= 4) {
-    if (mstack == 4) return mma_dot_stacked<scalar_t, NT, 4>(o, segments, ksteps, mtiles, ksplit, tile);
+    if (mstack == 4)
+      return mma_dot_stacked<scalar_t, NT, 4>(o, segments, ksteps, mtiles, ksplit, first, tile);
   }
-  mma_dot_tiles<scalar_t, NT>(o, segments, ksteps, mtiles, ksplit, tile);
+  mma_dot_tiles<scalar_t, NT>(o, segments, ksteps, mtiles, ksplit, first, tile);
 }
 
 // One step's products of the CTA, as the plan splits them (seq_plan.h's
-// Split: ntiles tiles of B, tasks of mstack tiles of A). A k step is 32
-// bytes of a row of S.
+// Split: ntiles tiles of B, tasks of mstack tiles of A), `first` this
+// warp's warp_task of the same plan. A k step is 32 bytes of a row of S.
+// (Branches, not a switch: its jump table is a constant-bank load on the
+// step's critical path.)
 template <typename scalar_t>
 __device__ __forceinline__ void mma_dot(const scalar_t* a, const scalar_t* b, int segments, int seg_rows,
                                         int b_stride, int b_seg, int row, int state, int mtiles, int mstack,
-                                        int ntiles, int ksplit, float* tile) {
+                                        int ntiles, int ksplit, const WarpTask& first, float* tile) {
   constexpr int kStep = kKstepBytes / static_cast<int>(sizeof(scalar_t));
   const int ksteps = (state + kStep - 1) / kStep;
   const MmaOperands o = mma_operands(a, b, seg_rows, b_stride, b_seg, row);
-  switch (ntiles) {
-    case 1:
-      mma_dot_nt<scalar_t, 1>(o, segments, ksteps, mtiles, mstack, ksplit, tile);
-      break;
-    case 2:
-      mma_dot_nt<scalar_t, 2>(o, segments, ksteps, mtiles, mstack, ksplit, tile);
-      break;
-    case 4:
-      mma_dot_nt<scalar_t, 4>(o, segments, ksteps, mtiles, mstack, ksplit, tile);
-      break;
-    default:
-      mma_dot_nt<scalar_t, 8>(o, segments, ksteps, mtiles, mstack, ksplit, tile);
-      break;
+  if (ntiles == 1) {
+    mma_dot_nt<scalar_t, 1>(o, segments, ksteps, mtiles, mstack, ksplit, first, tile);
+  } else if (ntiles == 2) {
+    mma_dot_nt<scalar_t, 2>(o, segments, ksteps, mtiles, mstack, ksplit, first, tile);
+  } else if (ntiles == 4) {
+    mma_dot_nt<scalar_t, 4>(o, segments, ksteps, mtiles, mstack, ksplit, first, tile);
+  } else {
+    mma_dot_nt<scalar_t, 8>(o, segments, ksteps, mtiles, mstack, ksplit, first, tile);
   }
 }
 

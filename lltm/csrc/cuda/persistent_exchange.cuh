@@ -91,10 +91,10 @@ struct ClusterExchange {
   // types; the last CTA's odd word carries the zero padding past S).
   __device__ static int slice_bytes(int jn) { return (jn * static_cast<int>(sizeof(T)) + 3) / 4 * 4; }
 
-  // This CTA's copy of the step: one lane of the group writes it locally;
-  // arrive() sends the whole slice on.
-  __device__ void put(int parity, int i, int b, int j, T v, int lane, int /*lanes*/) const {
-    if (lane == 0) view(parity)[(i * bp + b) * row + j] = v;
+  // This CTA's copy of the step: one lane of the group (`mine`) writes it
+  // locally; arrive() sends the whole slice on.
+  __device__ void put(int parity, int i, int b, int j, T v, bool mine) const {
+    if (mine) view(parity)[(i * bp + b) * row + j] = v;
   }
 
   __device__ Send send_of(int e) const {
@@ -238,21 +238,28 @@ struct GridExchange {
 
   __device__ T* view(int /*parity*/) const { return local; }
 
-  __device__ void put(int parity, int i, int b, int j, T v, int lane, int lanes) const {
-    if (lane == b % lanes) global[parity * parity_elems + i * gate_elems + first + b * row + j] = v;
+  // The thread that arrives, polls the counter and issues the reload: the
+  // CTA's last, which the splits leave without batch rows where threads
+  // are left over (and else holds the last rows), so the step's global
+  // stores and next loads, which follow the arrival in every working
+  // thread, do not delay its poll. The counter is mostly complete at the
+  // first poll: the poll's start is on the step's critical path.
+  __device__ static bool leader() { return threadIdx.x == blockDim.x - 1; }
+
+  __device__ void put(int parity, int i, int b, int j, T v, bool mine) const {
+    if (mine) global[parity * parity_elems + i * gate_elems + first + b * row + j] = v;
   }
   // The CTA's puts, then one arrival: a release at GPU scope orders the
   // CTA's puts (which the barrier put before it) before the count.
   __device__ void arrive(int /*parity*/) const {
     __syncthreads();
-    if (threadIdx.x == 0)
-      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(arrivals) : "memory");
+    if (leader()) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(arrivals) : "memory");
   }
   // The n-th exchange of this launch is complete when the group has
-  // arrived (n + 1) times (thread 0 waits for the count); then the chunk's
+  // arrived (n + 1) times (the leader waits for the count); then the chunk's
   // rows of that parity are copied into shared memory from L2.
   //   sm_90: each gate block (bn rows, contiguous in both places) is one
-  //   bulk copy of the copy engine, issued by thread 0, its bytes counted on
+  //   bulk copy of the copy engine, issued by the leader, its bytes counted on
   //   the mbarrier every thread waits on (exchange n completes its phase n).
   //   The proxy fences order the copy's global reads after the acquire and
   //   its shared-memory writes after the last step's reads (the barrier in
@@ -262,13 +269,13 @@ struct GridExchange {
   //   L2, not this SM's L1, which may hold an older copy) and waits for them
   //   once: one L2 round trip and the SM's share of L2 bandwidth.
   __device__ void wait(int parity, int64_t n) const {
-    if (threadIdx.x == 0) {
+    if (leader()) {
       const unsigned target = static_cast<unsigned>(n + 1) * static_cast<unsigned>(group);
       while (static_cast<int>(load_acquire(arrivals) - target) < 0) {
       }
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0) {
+    if (leader()) {
       const uint32_t block = static_cast<uint32_t>(bn * row * sizeof(T));
       asm volatile("fence.proxy.async.global;\n" ::: "memory");
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

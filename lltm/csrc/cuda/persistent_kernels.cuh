@@ -172,7 +172,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   // The input projections x_t W_ih^T of step t, loaded one step ahead and
   // kept in the tensor dtype until step t's cell math widens them: a
   // conversion here would wait for the loads (an HBM round trip) before the
-  // exchange's wait, on the step's critical path (thread 0 polls the group).
+  // exchange's wait, on the step's critical path where the thread that
+  // polls the group holds rows.
   scalar_t z[G][NB];
   auto load_z = [&](int64_t t) {
 #pragma unroll
@@ -185,6 +186,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   };
   load_z(0);
   scalar_t h_out[NB], y_out[NB], saved_out[NV][NB];  // step t's results
+  // The MMA dot's first task of this warp, placed once (persistent_dots.cuh).
+  [[maybe_unused]] WarpTask task{};
+  if constexpr (kMma) task = warp_task<scalar_t>(1, S, p.mtiles, p.mstack, Bp / 8, p.ksplit);
   ex.start();
   StepClocks clk;
   clk.start();
@@ -195,7 +199,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int next = (t + 1) & 1;
     const bool last = t + 1 == p.steps;
     if constexpr (kMma) {  // every warp: the CTA's G J x Bp products
-      mma_dot<scalar_t>(w_s, h_cur, 1, 0, row, 0, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, tile);
+      mma_dot<scalar_t>(w_s, h_cur, 1, 0, row, 0, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, task, tile);
       __syncthreads();
       clk.mark(0);
     }
@@ -284,7 +288,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       if (!last) {
 #pragma unroll
         for (int n = 0; n < NB; ++n) {
-          if (valid[n]) ex.put(next, 0, grp.r0 + n, j, h_out[n], grp.ks, grp.KS);
+          if (valid[n]) ex.put(next, 0, grp.r0 + n, j, h_out[n], grp.puts >> n & 1u);
         }
       }
     }
@@ -296,7 +300,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     if (grp.working) {
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
-        if (!valid[n] || n % grp.KS != grp.ks) continue;
+        if (!valid[n] || !(grp.stores >> n & 1u)) continue;
         const int64_t b = s.b0 + grp.r0 + n;
         scalar_t* sp = p.saved + t * saved_step + at_saved[n];
 #pragma unroll
@@ -446,6 +450,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   };
   load_step(p.steps - 1);
   scalar_t dzx_out[G][NB], dzh_out[G][NB];  // step t's gradients of zx and zh
+  [[maybe_unused]] WarpTask task{};         // the MMA dot's (see the forward kernel)
+  if constexpr (kMma) task = warp_task<scalar_t>(G, S, p.mtiles, p.mstack, Bp / 8, p.ksplit);
   ex.start();
   StepClocks clk;
   clk.start();
@@ -481,7 +487,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int n = 0; n < NB; ++n) {
         if (!valid[n]) continue;
 #pragma unroll
-        for (int i = 0; i < G; ++i) ex.put(parity, i, grp.r0 + n, j, dzh_out[i][n], grp.ks, grp.KS);
+        for (int i = 0; i < G; ++i) ex.put(parity, i, grp.r0 + n, j, dzh_out[i][n], grp.puts >> n & 1u);
       }
     }
     clk.mark(0);
@@ -490,7 +496,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     if (grp.working) {
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
-        if (!valid[n] || n % grp.KS != grp.ks) continue;
+        if (!valid[n] || !(grp.stores >> n & 1u)) continue;
         scalar_t* dp = p.dzx + t * zx_step + at_zx[n];
 #pragma unroll
         for (int i = 0; i < G; ++i) dp[i * S] = dzx_out[i][n];
@@ -510,7 +516,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     // d h_{t-1}[b, j] += sum_g sum_k dzh_t[b, g S + k] W_hh[g S + k, j]
     const scalar_t* x_cur = ex.view(parity);
     if constexpr (kMma) {  // every warp: the CTA's J x Bp products over G k segments
-      mma_dot<scalar_t>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, tile);
+      mma_dot<scalar_t>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, task,
+                        tile);
       __syncthreads();
       clk.mark(4);
     }
@@ -590,7 +597,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   // The gradients of the initial states.
 #pragma unroll
   for (int n = 0; n < NB; ++n) {
-    if (!valid[n] || n % grp.KS != grp.ks) continue;
+    if (!valid[n] || !(grp.stores >> n & 1u)) continue;
     const int64_t at = (s.b0 + grp.r0 + n) * S + j;
 #pragma unroll
     for (int k = 0; k < NS; ++k) {

@@ -98,6 +98,11 @@ struct Group {
   // Threads past the CTA's (unit, rows) pairs are not working: they run the
   // FMA dot (of unit 0, rows 0..) with their warp but no cell math.
   bool working;
+  // Bit n: this lane puts row r0 + n into the exchange ((r0 + n) % KS ==
+  // ks, spreading a thread group's rows over its lanes), or stores row n to
+  // global memory (n % KS == ks). Divisions by KS, done once per launch:
+  // per step they sat on the step's critical path.
+  unsigned puts, stores;
 };
 
 template <int NB>
@@ -110,6 +115,12 @@ __device__ __forceinline__ Group my_group(const Slice& s, int KS, int rows_padde
   g.jj = g.working ? q % s.jn : 0;
   g.j = s.j0 + g.jj;
   g.r0 = g.working ? (q / s.jn) * NB : 0;
+  g.puts = g.stores = 0;
+#pragma unroll
+  for (int n = 0; n < NB; ++n) {
+    g.puts |= static_cast<unsigned>((g.r0 + n) % KS == g.ks) << n;
+    g.stores |= static_cast<unsigned>(n % KS == g.ks) << n;
+  }
   return g;
 }
 
