@@ -174,9 +174,10 @@ struct FragmentWalk {
 // A warp's first task (task = warp) of the plan's dot: its first tile, k
 // slice and k range, placed once per launch. Each step's dot takes them
 // from here: the divisions that place a task (by the plan's runtime tile
-// and slice counts) were a chain of ~100 dependent instructions at the
-// start of every step's dot, on the step's critical path. Later tasks of a
-// warp (plans with more tasks than warps) are placed as they come.
+// and slice counts) make a chain of ~100 dependent instructions, which at
+// the start of every step's dot would sit on the step's critical path.
+// Later tasks of a warp (plans with more tasks than warps) are placed as
+// they come.
 struct WarpTask {
   int m0, slice, k0, k1, seg, kin;
 };

@@ -100,8 +100,8 @@ struct Group {
   bool working;
   // Bit n: this lane puts row r0 + n into the exchange ((r0 + n) % KS ==
   // ks, spreading a thread group's rows over its lanes), or stores row n to
-  // global memory (n % KS == ks). Divisions by KS, done once per launch:
-  // per step they sat on the step's critical path.
+  // global memory (n % KS == ks). Divisions by KS, done once per launch,
+  // not on every step's critical path.
   unsigned puts, stores;
 };
 
