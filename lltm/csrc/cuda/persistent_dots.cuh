@@ -171,15 +171,27 @@ struct FragmentWalk {
   }
 };
 
-// A warp's first task (task = warp) of the plan's dot: its first tile, k
-// slice and k range, placed once per launch. Each step's dot takes them
-// from here: the divisions that place a task (by the plan's runtime tile
-// and slice counts) make a chain of ~100 dependent instructions, which at
-// the start of every step's dot would sit on the step's critical path.
-// Later tasks of a warp (plans with more tasks than warps) are placed as
-// they come.
+// Where task `task` of a plan's dot lies: its first tile, its k slice and
+// that slice's k range (tasks of `ms` tiles, `mgroups` of them per slice,
+// `total` k steps over `ksplit` slices).
+struct TaskPlace {
+  int m0, slice, k0, k1;
+};
+
+__device__ __forceinline__ TaskPlace task_place(int task, int mgroups, int ms, int total, int ksplit) {
+  const int slice = task / mgroups;
+  return {(task % mgroups) * ms, slice, slice * total / ksplit, (slice + 1) * total / ksplit};
+}
+
+// A warp's first task (task = warp), placed once per launch, with the
+// segment and k step its slice starts at. Each step's dot takes it from
+// here: the divisions that place a task (by the plan's runtime tile and
+// slice counts) make a chain of ~100 dependent instructions, which at the
+// start of every step's dot would sit on the step's critical path. Later
+// tasks of a warp (plans with more tasks than warps) are placed as they come.
 struct WarpTask {
-  int m0, slice, k0, k1, seg, kin;
+  TaskPlace at;
+  int seg, kin;
 };
 
 // The tiles a task of mma_dot_nt takes with `mstack` and `ntiles` (it
@@ -193,15 +205,26 @@ __device__ __forceinline__ WarpTask warp_task(int segments, int state, int mtile
                                               int ksplit) {
   constexpr int kStep = kKstepBytes / static_cast<int>(sizeof(scalar_t));
   const int ksteps = (state + kStep - 1) / kStep, total = segments * ksteps;
-  const int ms = task_tiles(mstack, ntiles), mgroups = mtiles / ms, warp = threadIdx.x >> 5;
+  const int ms = task_tiles(mstack, ntiles);
   WarpTask w;
-  w.m0 = (warp % mgroups) * ms;
-  w.slice = warp / mgroups;
-  w.k0 = w.slice * total / ksplit;
-  w.k1 = (w.slice + 1) * total / ksplit;
-  w.seg = w.k0 / ksteps;
-  w.kin = w.k0 - w.seg * ksteps;
+  w.at = task_place(threadIdx.x >> 5, mtiles / ms, ms, total, ksplit);
+  w.seg = w.at.k0 / ksteps;
+  w.kin = w.at.k0 - w.seg * ksteps;
   return w;
+}
+
+// Task `task` of this warp and its fragment walk: the first from `first`,
+// a later one placed here.
+__device__ __forceinline__ TaskPlace place_task(const WarpTask& first, int task, int mgroups, int ms,
+                                                int total, int ksplit, const MmaOperands& o, int ksteps,
+                                                FragmentWalk& walk) {
+  if (task == (threadIdx.x >> 5)) {
+    walk = FragmentWalk::at(o, ksteps, first.seg, first.kin, first.at.m0);
+    return first.at;
+  }
+  const TaskPlace at = task_place(task, mgroups, ms, total, ksplit);
+  walk = FragmentWalk::make(o, ksteps, at.k0, at.m0);
+  return at;
 }
 
 // D fragment: rows g and g + 8, columns 2t and 2t + 1 of each B tile.
@@ -233,16 +256,8 @@ __device__ __forceinline__ void mma_dot_tiles(const MmaOperands& o, int segments
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int total = segments * ksteps;
   for (int task = warp; task < mtiles * ksplit; task += warps) {
-    int mt, slice, k0, k1;
     FragmentWalk walk;
-    if (task == warp) {
-      mt = first.m0, slice = first.slice, k0 = first.k0, k1 = first.k1;
-      walk = FragmentWalk::at(o, ksteps, first.seg, first.kin, mt);
-    } else {
-      mt = task % mtiles, slice = task / mtiles;
-      k0 = slice * total / ksplit, k1 = (slice + 1) * total / ksplit;
-      walk = FragmentWalk::make(o, ksteps, k0, mt);
-    }
+    const auto [mt, slice, k0, k1] = place_task(first, task, mtiles, 1, total, ksplit, o, ksteps, walk);
     float acc[kSets][NT][4];
 #pragma unroll
     for (int h = 0; h < kSets; ++h) {
@@ -290,16 +305,8 @@ __device__ __forceinline__ void mma_dot_stacked(const MmaOperands& o, int segmen
   const int total = segments * ksteps;
   const int mgroups = mtiles / MS;
   for (int task = warp; task < mgroups * ksplit; task += warps) {
-    int m0, slice, k0, k1;
     FragmentWalk walk;
-    if (task == warp) {
-      m0 = first.m0, slice = first.slice, k0 = first.k0, k1 = first.k1;
-      walk = FragmentWalk::at(o, ksteps, first.seg, first.kin, m0);
-    } else {
-      m0 = (task % mgroups) * MS, slice = task / mgroups;
-      k0 = slice * total / ksplit, k1 = (slice + 1) * total / ksplit;
-      walk = FragmentWalk::make(o, ksteps, k0, m0);
-    }
+    const auto [m0, slice, k0, k1] = place_task(first, task, mgroups, MS, total, ksplit, o, ksteps, walk);
     float acc[MS][NT][4];
 #pragma unroll
     for (int m = 0; m < MS; ++m) {
