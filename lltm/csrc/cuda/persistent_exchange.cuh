@@ -273,9 +273,7 @@ struct GridExchange {
       const unsigned target = static_cast<unsigned>(n + 1) * static_cast<unsigned>(group);
       while (static_cast<int>(load_acquire(arrivals) - target) < 0) {
       }
-    }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (leader()) {
       const uint32_t block = static_cast<uint32_t>(bn * row * sizeof(T));
       asm volatile("fence.proxy.async.global;\n" ::: "memory");
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -289,7 +287,9 @@ struct GridExchange {
             "l"(global + parity * parity_elems + i * gate_elems + first), "r"(block), "r"(bar)
             : "memory");
       }
+#endif
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     mbarrier_wait(bar, static_cast<uint32_t>(n) & 1u);
 #else
     __syncthreads();
