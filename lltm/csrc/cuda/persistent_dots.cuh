@@ -200,11 +200,17 @@ __device__ __forceinline__ int task_tiles(int mstack, int ntiles) {
   return mstack >= 2 && mstack <= 4 && mstack <= mma_stack_max(ntiles) ? mstack : 1;
 }
 
+// The k steps (32 bytes each) of a row of `state` elements.
+template <typename scalar_t>
+__device__ __forceinline__ int mma_ksteps(int state) {
+  constexpr int kStep = kKstepBytes / static_cast<int>(sizeof(scalar_t));
+  return (state + kStep - 1) / kStep;
+}
+
 template <typename scalar_t>
 __device__ __forceinline__ WarpTask warp_task(int segments, int state, int mtiles, int mstack, int ntiles,
                                               int ksplit) {
-  constexpr int kStep = kKstepBytes / static_cast<int>(sizeof(scalar_t));
-  const int ksteps = (state + kStep - 1) / kStep, total = segments * ksteps;
+  const int ksteps = mma_ksteps<scalar_t>(state), total = segments * ksteps;
   const int ms = task_tiles(mstack, ntiles);
   WarpTask w;
   w.at = task_place(threadIdx.x >> 5, mtiles / ms, ms, total, ksplit);
@@ -337,6 +343,7 @@ __device__ __forceinline__ void mma_dot_stacked(const MmaOperands& o, int segmen
 template <typename scalar_t, int NT>
 __device__ __forceinline__ void mma_dot_nt(const MmaOperands& o, int segments, int ksteps, int mtiles,
                                            int mstack, int ksplit, const WarpTask& first, float* tile) {
+  // task_tiles(mstack, NT) in branches (warp_task placed `first` by it).
   if constexpr (mma_stack_max(NT) >= 2) {
     if (mstack == 2)
       return mma_dot_stacked<scalar_t, NT, 2>(o, segments, ksteps, mtiles, ksplit, first, tile);
@@ -361,8 +368,7 @@ template <typename scalar_t>
 __device__ __forceinline__ void mma_dot(const scalar_t* a, const scalar_t* b, int segments, int seg_rows,
                                         int b_stride, int b_seg, int row, int state, int mtiles, int mstack,
                                         int ntiles, int ksplit, const WarpTask& first, float* tile) {
-  constexpr int kStep = kKstepBytes / static_cast<int>(sizeof(scalar_t));
-  const int ksteps = (state + kStep - 1) / kStep;
+  const int ksteps = mma_ksteps<scalar_t>(state);
   const MmaOperands o = mma_operands(a, b, seg_rows, b_stride, b_seg, row);
   if (ntiles == 1) {
     mma_dot_nt<scalar_t, 1>(o, segments, ksteps, mtiles, mstack, ksplit, first, tile);

@@ -18,7 +18,7 @@ namespace cuda_detail {
 // row i * rows_padded + b is batch row b of gate i).
 //   view(parity)  what this CTA's dot products read
 //   put(...)      element (i, b, j) of this CTA's slice (gate i, batch row b,
-//                 column j), held by `lanes` lanes of which this is `lane`
+//                 column j), written by the one lane of its group that is `mine`
 //   arrive(p)     after the puts (every thread calls it): publishes them;
 //                 the global stores of the step follow it
 //   wait(p, n)    every CTA's puts of exchange n (parity p) are in view(p)
