@@ -107,6 +107,7 @@ CellBackwardResult fused_cell_backward_cpu(const at::Tensor& grad_h,     // (B, 
   step.dh_in = gh.const_data_ptr();
   step.dh_out = dh_direct.data_ptr();
   step.ds = dc.data_ptr();
+  step.ds_stride = batch * state;
   step.saved = g.const_data_ptr();
   step.s_new = cn.const_data_ptr();
   step.s_new_stride = batch * state;

@@ -139,6 +139,11 @@ inline at::ScalarType opmath(const at::Tensor& t) { return at::toOpMathType(t.sc
 // us, 983k 559 -> 300 us; at 16k-37k a step two threads gained nothing.
 inline constexpr int64_t kMinFmaPerThread = 1 << 15;
 
+// The packed W_hh up to which a sequence backward's workers split the batch
+// rows rather than the units (rnn_cpu.h): each then reads all of it every
+// step, from its own L2 (512 KiB: S <= 181 for 4 gates in float).
+inline constexpr int64_t kRowSplitPackedBytes = int64_t(512) << 10;
+
 // How many workers (at most torch's thread count, at most `parts`) to give
 // `fma` multiply-adds of work that splits into `parts` independent parts.
 inline int64_t team_size(int64_t fma, int64_t parts) {

@@ -80,6 +80,7 @@ struct BackwardStep {
   const void* grad_out;  // (B, S) gradient of output[t], added, or nullptr
   void* ds;              // (NS - 1, B, S) opmath, in place: gradients of the other
                          // states after step t in, before it out; nullptr when NS = 1
+  int64_t ds_stride;     // elements from one state of ds to the next (B S of the whole batch)
   const void* saved;     // (B, NV S) the saved values of step t
   const void* h_new;     // (B, S) h_t (read where the cell's kNewRead asks)
   const void* h_old;     // (B, S) h_{t-1}, rows ld_h_old apart (kOldRead)

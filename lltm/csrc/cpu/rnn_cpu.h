@@ -224,56 +224,95 @@ void rnn_backward(const RnnArgs& a, const RnnBackwardArgs& from, RnnGradients& g
   // the bias gradients, summed in the time loop (without kSplit both are dzx's sums)
   const bool want_bx = grads.b_ih.defined() || (!Cell::kSplit && grads.b_hh.defined());
   const bool want_bh = Cell::kSplit && grads.b_hh.defined();
-  at::Tensor bias_x = want_bx ? at::zeros({GS}, acc) : at::Tensor();
-  at::Tensor bias_h = want_bh ? at::zeros({GS}, acc) : at::Tensor();
   const bool want_h0 = !grads.state.empty();
   at::Tensor grad_h0 = want_h0 ? at::empty({B, S}, acc) : at::Tensor();
 
   const int64_t blocks = kernels.blocks(S);
   at::Tensor packed = at::empty({kernels.backward_packed_size(S)}, acc);
   const int64_t workers = team_size(B * GS * S, blocks);
-  run_team(blocks, workers, [&](int64_t j0, int64_t j1, TeamSync& sync) {
-    kernels.pack_backward(w_hh.const_data_ptr(), w_hh.stride(0), S, packed.data_ptr(), j0, j1);
+  // A batch row's gradients depend on no other row's for the whole loop.
+  // Where W_hh's panels fit a core's L2 beside the rows, the workers split
+  // the rows, not the units: they never meet, and no step's dzh goes from
+  // one core to another. Split by units (every worker multiplies all rows
+  // by its panels, then the team meets after every step), the loop of LSTM
+  // 16x32x128 took 1,088 us on 2 threads against 982 on 1 (Intel Xeon,
+  // docs/benchmarks-history.md section 24).
+  const bool by_rows = workers > 1 && B >= 2 * workers && packed.nbytes() <= kRowSplitPackedBytes;
+  const int64_t parts = by_rows ? workers : 1;  // bias sums: one row per participant, added after
+  at::Tensor bias_x = want_bx ? at::zeros({parts, GS}, acc) : at::Tensor();
+  at::Tensor bias_h = want_bh ? at::zeros({parts, GS}, acc) : at::Tensor();
+
+  // One participant's time loop over batch rows [b0, b1) and unit blocks
+  // [j0, j1), its bias sums in row `part`; `per_step`: the team meets after
+  // every step (units split), else (rows split, or alone) never.
+  const int64_t elem = a.input.element_size(), acc_elem = dh.element_size();
+  const auto rows = [](const void* p, int64_t row0, int64_t row_elems, int64_t bytes) -> char* {
+    return const_cast<char*>(static_cast<const char*>(p)) + row0 * row_elems * bytes;
+  };
+  const auto time_loop = [&](int64_t b0, int64_t b1, int64_t j0, int64_t j1, int64_t part,
+                             TeamSync* per_step) {
     BackwardStep step{};
     step.packed = packed.const_data_ptr();
-    step.dh_in = dh.const_data_ptr();
-    step.dh_out = dh.data_ptr();
-    step.ds = ds.defined() ? ds.data_ptr() : nullptr;
+    step.dh_in = rows(dh.const_data_ptr(), b0, S, acc_elem);
+    step.dh_out = rows(dh.data_ptr(), b0, S, acc_elem);
+    step.ds = ds.defined() ? rows(ds.data_ptr(), b0, S, acc_elem) : nullptr;
+    step.ds_stride = B * S;
     step.ld_h_old = S;
     step.s_new_stride = T * B * S;
-    step.bias_grad_x = want_bx ? bias_x.data_ptr() : nullptr;
-    step.bias_grad_h = want_bh ? bias_h.data_ptr() : nullptr;
-    step.lengths = len.defined() ? len.const_data_ptr<int64_t>() : nullptr;
-    step.batch = B;
+    step.bias_grad_x = want_bx ? bias_x[part].data_ptr() : nullptr;
+    step.bias_grad_h = want_bh ? bias_h[part].data_ptr() : nullptr;
+    step.lengths = len.defined() ? len.const_data_ptr<int64_t>() + b0 : nullptr;
+    step.batch = b1 - b0;
     step.state = S;
     for (int64_t t = T - 1; t >= 0; --t) {
-      step.dzh_next = t + 1 < T ? step_ptr(dzh, t + 1) : nullptr;
-      step.grad_out = go.defined() ? step_ptr(go, t) : nullptr;
-      step.saved = step_ptr(saved, t);
-      step.h_new = step_ptr(output, t);
-      step.h_old = t > 0 ? step_ptr(output, t - 1) : h0.const_data_ptr();
+      step.dzh_next = t + 1 < T ? rows(step_ptr(dzh, t + 1), b0, GS, elem) : nullptr;
+      step.grad_out = go.defined() ? rows(step_ptr(go, t), b0, S, elem) : nullptr;
+      step.saved = rows(step_ptr(saved, t), b0, Cell::kSaved * S, elem);
+      step.h_new = rows(step_ptr(output, t), b0, S, elem);
+      step.h_old = rows(t > 0 ? step_ptr(output, t - 1) : h0.const_data_ptr(), b0, S, elem);
       if (NS > 1) {
         // state k after step t at states[k - 1][t]; before step 0 the initial ones
-        step.s_new = states_base + t * state_bytes;
-        step.s_old = t > 0 ? states_base + (t - 1) * state_bytes : s0.const_data_ptr();
+        step.s_new = rows(states_base + t * state_bytes, b0, S, elem);
+        step.s_old = rows(t > 0 ? states_base + (t - 1) * state_bytes : s0.const_data_ptr(), b0, S, elem);
         step.ld_s_old = S;
         step.s_old_stride = t > 0 ? T * B * S : B * S;
       }
-      step.dzx = step_ptr(dzx, t);
-      step.dzh = Cell::kSplit ? step_ptr(dzh, t) : nullptr;
+      step.dzx = rows(step_ptr(dzx, t), b0, GS, elem);
+      step.dzh = Cell::kSplit ? rows(step_ptr(dzh, t), b0, GS, elem) : nullptr;
       step.step = t;
       kernels.backward(step, j0, j1);
       // dzh_t complete before any worker multiplies it by W_hh
-      if (t > 0 || want_h0) sync.wait();
+      if (per_step != nullptr && (t > 0 || want_h0)) per_step->wait();
     }
     if (want_h0) {
       // d h0 = dzh_0 W_hh + the cell's direct term (the carried gradient on rows of length 0)
-      step.dzh_next = step_ptr(dzh, 0);
-      step.dh_h0 = grad_h0.data_ptr();
+      step.dzh_next = rows(step_ptr(dzh, 0), b0, GS, elem);
+      step.dh_h0 = rows(grad_h0.data_ptr(), b0, S, acc_elem);
       step.step = -1;
       kernels.backward(step, j0, j1);
     }
-  });
+  };
+  const auto pack = [&](int64_t j0, int64_t j1) {
+    kernels.pack_backward(w_hh.const_data_ptr(), w_hh.stride(0), S, packed.data_ptr(), j0, j1);
+  };
+  if (by_rows) {
+    // W_hh packed whole, in the panels of the loop over all blocks (64K
+    // floats at S = 128: a few microseconds); then each participant runs
+    // workers [w0, w1)'s share of the rows, meeting nobody.
+    pack(0, blocks);
+    run_team(workers, workers, [&](int64_t w0, int64_t w1, TeamSync&) {
+      time_loop(share(B, workers, w0).first, share(B, workers, w1 - 1).second, 0, blocks, w0, nullptr);
+    });
+    if (want_bx) bias_x = bias_x.sum(0);
+    if (want_bh) bias_h = bias_h.sum(0);
+  } else {
+    run_team(blocks, workers, [&](int64_t j0, int64_t j1, TeamSync& sync) {
+      pack(j0, j1);
+      time_loop(0, B, j0, j1, 0, &sync);
+    });
+    if (want_bx) bias_x = bias_x[0];
+    if (want_bh) bias_h = bias_h[0];
+  }
 
   if (want_h0) {
     grads.state[0].copy_(grad_h0);

@@ -201,7 +201,7 @@ void backward_panel(const BackwardStep& s, int64_t j_first) {
   constexpr int G = Cell::kGates, NS = Cell::kStates, NV = Cell::kSaved;
   constexpr unsigned kOld = Cell::kOldRead, kNew = Cell::kNewRead;
   constexpr int64_t V = Vec<T>::size();
-  const int64_t S = s.state, GS = G * S, n_all = s.batch * S;
+  const int64_t S = s.state, GS = G * S;
   const auto* dzh_next = static_cast<const scalar_t*>(s.dzh_next);
   const auto* dh_in = static_cast<const T*>(s.dh_in);
   auto* dh_out = static_cast<T*>(s.dh_out);
@@ -278,7 +278,7 @@ void backward_panel(const BackwardStep& s, int64_t j_first) {
         next[0].v[r] = kNew & 1u ? load(h_new + at, n) : zero;
 #pragma GCC unroll 4
         for (int k = 1; k < NS; ++k) {
-          dnext[k].v[r] = load(ds + (k - 1) * n_all + at, n);
+          dnext[k].v[r] = load(ds + (k - 1) * s.ds_stride + at, n);
           old[k].v[r] =
               kOld >> k & 1u ? load(s_old + (k - 1) * s.s_old_stride + row * s.ld_s_old + j0, n) : zero;
           next[k].v[r] = kNew >> k & 1u ? load(s_new + (k - 1) * s.s_new_stride + at, n) : zero;
@@ -310,7 +310,7 @@ void backward_panel(const BackwardStep& s, int64_t j_first) {
           }
         }
 #pragma GCC unroll 4
-        for (int k = 1; k < NS; ++k) store(ds + (k - 1) * n_all + at, dprev[k].v[r], n);
+        for (int k = 1; k < NS; ++k) store(ds + (k - 1) * s.ds_stride + at, dprev[k].v[r], n);
         // the cell's direct d h_{t-1}; the next step adds dzh_t W_hh
         store(dh_out + at, dprev[0].v[r], n);
       }
