@@ -70,16 +70,18 @@ def test_one_step_long_sequence_and_no_input(cell):
         _check(cell, args, None, torch.float64)
 
 
-# Large enough that a step's work splits over two threads; S = 70 splits into unit blocks of unequal
-# count (5 blocks of 16 floats on AVX-512, 9 of 8 on AVX2), with lengths.
+# Large enough that a step's work splits over two threads. The backward's workers split the unit
+# blocks at S = 256 (W_hh's packed panels past 512 KiB) and the batch rows at S = 70, whose unit
+# blocks are of unequal count (5 blocks of 16 floats on AVX-512, 9 of 8 on AVX2), with lengths.
 THREAD_CASES = {"B96-S256": (4, 96, 40, 256, None), "B64-S70-lengths": (5, 64, 40, 70, [5, 0, 3] * 21 + [4])}
 
 
 @pytest.mark.parametrize("case", list(THREAD_CASES))
 @pytest.mark.parametrize("cell", SEAM, ids=lambda c: c.name)
 def test_one_and_two_threads_agree(cell, case, torch_settings):
-    """Each unit's math is the same whatever the split of the unit blocks; only the summation order of
-    the weight gradients may change. Two threads also against the float64 reference."""
+    """Each unit's math is the same whatever the split (of the unit blocks or of the batch rows); only
+    the summation order of the parameter gradients may change. Two threads also against the float64
+    reference."""
     T, B, I, S, lengths = THREAD_CASES[case]
     lens = None if lengths is None else torch.tensor(lengths)
     args = make_layer(cell, T, B, I, S, dtype=torch.float32, seed=B + S)
