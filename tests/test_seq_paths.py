@@ -9,6 +9,7 @@ keeps a kernel without a body for the device from running."""
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -186,6 +187,71 @@ def test_grid_group_sizes(monkeypatch, use_path, group):
     monkeypatch.setenv("LLTM_SEQ_GROUP", group)
     args = make_seq(6, 11, 5, 45, device="cuda", seed=int(group))
     _check("fused", args, lengths=torch.tensor([6, 0, 3, 6, 1, 6, 5, 2, 6, 6, 4], device="cuda"))
+
+
+def _grid_line(report):
+    return next(line for line in report.splitlines() if line.strip().startswith("grid group="))
+
+
+def _multicast_here():
+    """Hopper, whose build has the grid path's multicast kernels."""
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.parametrize("multicast", ["2", "4", "8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grid_multicast(monkeypatch, use_path, dtype, multicast):
+    """Clusters of a grid group sharing each reload by multicast
+    (LLTM_SEQ_MULTICAST; the MMA dot on Hopper) give the results of the
+    plain grid kernels and the reference's, forward and backward; the plan
+    names them, and a launch that runs without them (its warning) is an
+    error here."""
+    if not _multicast_here():
+        pytest.skip("the grid's multicast kernels run on Hopper (sm_90)")
+    tol = use_path("grid-mma")
+    monkeypatch.setenv("LLTM_SEQ_GROUP", "8")
+    args = make_seq(6, 11, 5, 45, device="cuda", dtype=dtype, seed=int(multicast))
+    lengths = torch.tensor([6, 0, 3, 6, 1, 6, 5, 2, 6, 6, 4], device="cuda")
+    fused = lambda *a, **k: functional.lltm(*a, backend="fused", **k)  # noqa: E731
+    monkeypatch.setenv("LLTM_SEQ_MULTICAST", "1")
+    plain = _outputs_and_grads(fused, args, lengths)
+    monkeypatch.setenv("LLTM_SEQ_MULTICAST", multicast)
+    for backward in (False, True):
+        assert f"multicast={multicast}" in _grid_line(_plan(backward, 6, 11, 45, dtype))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*LLTM_SEQ_MULTICAST.*")
+        shared = _outputs_and_grads(fused, args, lengths)
+        if dtype == torch.float32:
+            _check("fused", args, lengths=lengths, tol=tol)
+    # The same bytes land in shared memory either way: the same results, bit for bit.
+    for a, b in zip(plain, shared):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("setting", [None, "1"])
+def test_grid_multicast_default(monkeypatch, use_path, setting):
+    """The planner shares the reload of the grid's MMA kernels in clusters of
+    2 from S = 768 on (Hopper), not below, and not with LLTM_SEQ_MULTICAST=1;
+    the results are the reference's either way."""
+    if not _multicast_here():
+        pytest.skip("the grid's multicast kernels run on Hopper (sm_90)")
+    tol = use_path("grid-mma")
+    monkeypatch.setenv("LLTM_SEQ_GROUP", "64")  # W_h's slices fit the CTAs' shared memory
+    if setting is not None:
+        monkeypatch.setenv("LLTM_SEQ_MULTICAST", setting)
+    assert "multicast=1" in _grid_line(_plan(False, 6, 3, 767, torch.float16))
+    expected = "multicast=1" if setting == "1" else "multicast=2"
+    for backward in (False, True):
+        assert expected in _grid_line(_plan(backward, 6, 3, 768, torch.float16))
+    _check("fused", make_seq(6, 3, 5, 768, device="cuda", dtype=torch.float32, seed=3), tol=tol)
+
+
+@pytest.mark.parametrize("value", ["3", "0", "16", "two"])
+def test_grid_multicast_bad_setting(monkeypatch, value):
+    """LLTM_SEQ_MULTICAST other than 1, 2, 4 or 8 is an error naming it."""
+    monkeypatch.setenv("LLTM_SEQ_MULTICAST", value)
+    with pytest.raises(RuntimeError, match=f"LLTM_SEQ_MULTICAST={value}"):
+        _plan(False, 6, 3, 256)
 
 
 @pytest.mark.parametrize("loss_on", ["output", "h_n", "c_n"])

@@ -1,7 +1,8 @@
 // How a persistent kernel's CTAs share the exchanged rows of a step (h_t
 // forward, dzh_t backward): the cluster policy (DSMEM, st.async onto the
-// receivers' mbarriers, sm_90+) and the grid policy (L2 and one arrival
-// counter per group). seq_persistent.cu has the overview.
+// receivers' mbarriers, sm_90+), the grid policy (L2 and one arrival
+// counter per group) and the grid policy in clusters that share each reload
+// (multicast, sm_90). seq_persistent.cu has the overview.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +52,16 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
 #endif
 }
 
+// Every thread of every CTA of the cluster arrives here before any goes on;
+// what each wrote before (its mbarriers' initialisation) is then visible
+// to the cluster (sm_90).
+[[maybe_unused]] __device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+#endif
+}
+
 [[maybe_unused]] __device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
   uint32_t remote;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -63,6 +74,7 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
 
 template <typename T>
 struct ClusterExchange {
+  static constexpr bool kClusters = true;  // launched in clusters: sm_90 code only
   // One store of the slice to another CTA, at parity 0: the source word(s)
   // in this CTA, the destination and the destination's mbarrier.
   struct Send {
@@ -183,8 +195,7 @@ struct ClusterExchange {
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
       for (int q = 0; q < 2; ++q) arm(bars + 8 * q);
     }
-    asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
-    asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+    cluster_barrier();
 #endif
   }
 
@@ -224,6 +235,7 @@ struct ClusterExchange {
 
 template <typename T>
 struct GridExchange {
+  static constexpr bool kClusters = false;
   T* local;              // [R][Bp][row] in this CTA
   T* global;             // [2][R][B][row]
   unsigned* arrivals;    // this chunk's counter
@@ -336,6 +348,93 @@ struct GridExchange {
             p.row,
             p.group,
             smem_address(header)};
+  }
+};
+
+// The grid exchange in clusters of `multicast` CTAs of a group that share
+// each reload (sm_90; the grid path's MMA kernels, where the planner asks
+// for it: seq_plan.cpp's grid_multicast). The cluster's first CTA polls the
+// counter and issues one multicast bulk copy per gate block into every CTA
+// of the cluster (the same offsets, each CTA's own mbarrier), so L2 serves
+// each chunk's rows once a cluster instead of once a CTA. Kernels of their
+// own, not a flag of GridExchange: the flag's branches and the copy's code
+// cost the plain kernels up to 9% of a step (docs/benchmarks-history.md,
+// section 23).
+template <typename T>
+struct MulticastExchange : GridExchange<T> {
+  using Base = GridExchange<T>;
+  static constexpr bool kClusters = true;
+  int multicast;  // CTAs of a cluster, a divisor of the group (a cluster is in one group)
+  bool issues;    // rank 0 of its cluster: polls and copies for the cluster
+
+  // As GridExchange's, with a proxy fence before the count: the copy
+  // engine of another CTA writes this CTA's rows next, and the fence orders
+  // this CTA's reads of them (the barrier) before those writes, which the
+  // count's release and the issuer's acquire then order after them.
+  __device__ void arrive(int /*parity*/) const {
+    __syncthreads();
+    if (Base::leader()) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(this->arrivals) : "memory");
+    }
+  }
+  // Every CTA's leader arms its own mbarrier for the step's bytes; the
+  // issuer's leader polls and copies into the whole cluster. A copy that
+  // lands before a CTA arms its mbarrier leaves the phase open: the phase
+  // waits for that arrival too.
+  __device__ void wait(int parity, int64_t n) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (Base::leader()) {
+      const uint32_t block = static_cast<uint32_t>(this->bn * this->row * sizeof(T));
+      if (issues) {
+        const unsigned target = static_cast<unsigned>(n + 1) * static_cast<unsigned>(this->group);
+        while (static_cast<int>(load_acquire(this->arrivals) - target) < 0) {
+        }
+        asm volatile("fence.proxy.async.global;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      }
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(this->bar),
+                   "r"(block * static_cast<uint32_t>(this->rows_per))
+                   : "memory");
+      if (issues) {
+        const uint16_t everyone = static_cast<uint16_t>((1u << multicast) - 1u);
+        for (int i = 0; i < this->rows_per; ++i) {
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+              "[%1], "
+              "%2, [%3], %4;\n" ::"r"(smem_address(this->local + int64_t(i) * this->bp * this->row)),
+              "l"(this->global + parity * this->parity_elems + i * this->gate_elems + this->first),
+              "r"(block), "r"(this->bar), "h"(everyone)
+              : "memory");
+        }
+      }
+    }
+    mbarrier_wait(this->bar, static_cast<uint32_t>(n) & 1u);
+#endif
+  }
+
+  // Every CTA's mbarrier is set up, and visible to the copy engine, before
+  // the cluster's first CTA can copy into it.
+  __device__ void start() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(this->bar) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    cluster_barrier();
+#endif
+  }
+
+  template <typename Params>
+  __device__ static MulticastExchange make(const Params& p, const Slice& s, T* buffer, int rows_per,
+                                           unsigned char* header) {
+    MulticastExchange ex;
+    static_cast<Base&>(ex) = Base::make(p, s, buffer, rows_per, header);
+    ex.multicast = p.multicast;
+    ex.issues = s.rank % p.multicast == 0;
+    return ex;
   }
 };
 

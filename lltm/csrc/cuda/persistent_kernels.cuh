@@ -70,13 +70,13 @@ __device__ __forceinline__ bool rows_vectorizable(const scalar_t* p, int64_t ld)
 
 // The common prologue of both kernels: refuses to run in a build without
 // the code it needs for the device (the host never launches it there).
-template <bool kCluster, bool kMma>
+template <bool kClusters, bool kMma>
 __device__ __forceinline__ bool unsupported_here() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // No clusters (or MMA, below sm_80) in this build's code for the device:
   // the host never launches this (seq_persistent's arch check); if it did,
   // fail loudly.
-  if constexpr (kCluster || (kMma && __CUDA_ARCH__ < 800)) {
+  if constexpr (kClusters || (kMma && __CUDA_ARCH__ < 800)) {
     __trap();
     return true;
   }
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   constexpr int V = 16 / sizeof(scalar_t);  // elements per 16-byte chunk
   constexpr int kRegChunks = kRegChunksOf<Cell>;
   constexpr bool kCluster = std::is_same_v<Exchange<scalar_t>, ClusterExchange<scalar_t>>;
-  if (unsupported_here<kCluster, kMma>()) return;
+  if (unsupported_here<Exchange<scalar_t>::kClusters, kMma>()) return;
   const Slice s = my_slice(p);
   const int J = p.units, S = p.state, row = p.row, Bp = p.rows_padded;
   constexpr int kParities = kCluster ? 2 : 1;
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   constexpr int V = 16 / sizeof(scalar_t);
   constexpr int kRegChunks = kRegChunksOf<Cell>;
   constexpr bool kCluster = std::is_same_v<Exchange<scalar_t>, ClusterExchange<scalar_t>>;
-  if (unsupported_here<kCluster, kMma>()) return;
+  if (unsupported_here<Exchange<scalar_t>::kClusters, kMma>()) return;
   const Slice s = my_slice(p);
   const int J = p.units, S = p.state, row = p.row, Bp = p.rows_padded;
   constexpr int kParities = kCluster ? 2 : 1;

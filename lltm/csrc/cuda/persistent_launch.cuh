@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -44,34 +45,44 @@ constexpr auto kernel_instance() {
   }
 }
 
-template <typename Cell, typename scalar_t, bool kBackward, bool kMma, bool kRegW>
-auto kernel_for_dot(SeqPath path, int per_thread) {
-  const bool cluster = path == SeqPath::kCluster;
+template <typename Cell, typename scalar_t, bool kBackward, bool kMma, bool kRegW,
+          template <typename> class Exchange>
+auto kernel_for_rows(int per_thread) {
   switch (per_thread) {
     case 4:
-      return cluster ? kernel_instance<Cell, scalar_t, kBackward, 4, kMma, kRegW, ClusterExchange>()
-                     : kernel_instance<Cell, scalar_t, kBackward, 4, kMma, kRegW, GridExchange>();
+      return kernel_instance<Cell, scalar_t, kBackward, 4, kMma, kRegW, Exchange>();
     case 2:
-      return cluster ? kernel_instance<Cell, scalar_t, kBackward, 2, kMma, kRegW, ClusterExchange>()
-                     : kernel_instance<Cell, scalar_t, kBackward, 2, kMma, kRegW, GridExchange>();
+      return kernel_instance<Cell, scalar_t, kBackward, 2, kMma, kRegW, Exchange>();
     default:
-      return cluster ? kernel_instance<Cell, scalar_t, kBackward, 1, kMma, kRegW, ClusterExchange>()
-                     : kernel_instance<Cell, scalar_t, kBackward, 1, kMma, kRegW, GridExchange>();
+      return kernel_instance<Cell, scalar_t, kBackward, 1, kMma, kRegW, Exchange>();
   }
 }
 
-// The instantiation for a path, NB batch rows per thread group and the dot
-// (double has no MMA kernels; the MMA dot keeps W_hh in shared memory, and
-// so does every dtype but float: seq_plan.h).
+// The grid path's multicast kernels exist for the MMA dot only (its steps
+// are short enough for the reload to weigh; seq_plan.cpp's grid_multicast).
+template <typename Cell, typename scalar_t, bool kBackward, bool kMma, bool kRegW>
+auto kernel_for_dot(SeqPath path, int per_thread, bool multicast) {
+  if (path == SeqPath::kCluster)
+    return kernel_for_rows<Cell, scalar_t, kBackward, kMma, kRegW, ClusterExchange>(per_thread);
+  if constexpr (kMma) {
+    if (multicast)
+      return kernel_for_rows<Cell, scalar_t, kBackward, kMma, kRegW, MulticastExchange>(per_thread);
+  }
+  return kernel_for_rows<Cell, scalar_t, kBackward, kMma, kRegW, GridExchange>(per_thread);
+}
+
+// The instantiation for a path, NB batch rows per thread group, the dot
+// and the grid's multicast (double has no MMA kernels; the MMA dot keeps
+// W_hh in shared memory, and so does every dtype but float: seq_plan.h).
 template <typename Cell, typename scalar_t, bool kBackward>
-auto kernel_for(SeqPath path, int per_thread, bool mma, bool w_regs) {
+auto kernel_for(SeqPath path, int per_thread, bool mma, bool w_regs, bool multicast = false) {
   if constexpr (!std::is_same_v<scalar_t, double>) {
-    if (mma) return kernel_for_dot<Cell, scalar_t, kBackward, true, false>(path, per_thread);
+    if (mma) return kernel_for_dot<Cell, scalar_t, kBackward, true, false>(path, per_thread, multicast);
   }
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (w_regs) return kernel_for_dot<Cell, scalar_t, kBackward, false, true>(path, per_thread);
+    if (w_regs) return kernel_for_dot<Cell, scalar_t, kBackward, false, true>(path, per_thread, false);
   }
-  return kernel_for_dot<Cell, scalar_t, kBackward, false, false>(path, per_thread);
+  return kernel_for_dot<Cell, scalar_t, kBackward, false, false>(path, per_thread, false);
 }
 
 // The virtual architecture the running device's code of `kernel` was
@@ -118,6 +129,53 @@ cudaLaunchConfig_t launch_config(SeqPath path, const Split& split, cudaStream_t 
   config.attrs = &attr;
   config.numAttrs = 1;
   return config;
+}
+
+// The configuration of one wave of the grid path in clusters of
+// `multicast` CTAs (MulticastExchange's shared reload), cooperative as without
+// them; `attrs` holds its two attributes.
+cudaLaunchConfig_t multicast_config(const Split& wave, int multicast, cudaStream_t stream,
+                                    cudaLaunchAttribute (&attrs)[2]) {
+  cudaLaunchConfig_t config = launch_config(SeqPath::kGrid, wave, stream, attrs[0]);
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = static_cast<unsigned>(multicast);
+  attrs[1].val.clusterDim.y = 1;
+  attrs[1].val.clusterDim.z = 1;
+  config.attrs = attrs;
+  config.numAttrs = 2;
+  return config;
+}
+
+// Whether the device places every cluster of `multicast` CTAs of a wave
+// of `ctas` CTAs at once (GPCs hold whole clusters: 66 of 2 fit a 132-SM
+// H100, 32 of 4 do not); asked once per kernel, device and shape.
+template <typename Params>
+bool multicast_fits(Kernel<Params> kernel, const Split& split, int multicast, int ctas, int device,
+                    size_t smem_limit) {
+  using Key = std::tuple<const void*, int, int, unsigned, size_t, int>;
+  static std::mutex mutex;
+  static std::map<Key, bool> cache;
+  const Key key{reinterpret_cast<const void*>(kernel), device,     ctas,
+                static_cast<unsigned>(split.threads),  split.smem, multicast};
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  Split one = split;  // one cluster, clusters only: the occupancy query's shape
+  one.group = multicast;
+  one.per_wave = 1;
+  cudaLaunchAttribute attrs[2];
+  cudaLaunchConfig_t config = multicast_config(one, multicast, nullptr, attrs);
+  config.attrs = attrs + 1;
+  config.numAttrs = 1;
+  int clusters = 0;
+  // The kernel's dynamic shared memory limit raised as for the plain kernels (resident_chunks).
+  const bool fits = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem_limit)) == cudaSuccess &&
+                    cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess &&
+                    int64_t(clusters) * multicast >= ctas;
+  if (!fits) (void)cudaGetLastError();
+  cache.emplace(key, fits);
+  return fits;
 }
 
 // How many batch chunks of this launch shape run at once on the device (0:
@@ -173,13 +231,16 @@ DeviceLimits device_limits(int device) {
   } else {
     (void)cudaGetLastError();
   }
-  auto arch = [&](SeqPath path, bool mma) {
+  auto arch = [&](SeqPath path, bool mma, bool multicast = false) {
     return code_arch(
-        reinterpret_cast<const void*>(kernel_for<Cell, scalar_t, kBackward>(path, 1, mma, false)), device);
+        reinterpret_cast<const void*>(kernel_for<Cell, scalar_t, kBackward>(path, 1, mma, false, multicast)),
+        device);
   };
   d.cluster_kernels = prop->major >= 9 && arch(SeqPath::kCluster, false) >= 90;
   d.grid_kernels = prop->cooperativeLaunch != 0 && arch(SeqPath::kGrid, false) > 0;
   d.mma_kernels = !std::is_same_v<scalar_t, double> && prop->major >= 8 && arch(SeqPath::kGrid, true) >= 80;
+  // Hopper only: ptxas advises that later architectures run sm_90's multicast copies slowly.
+  d.multicast = d.mma_kernels && prop->major == 9 && arch(SeqPath::kGrid, true, true) >= 90;
   return d;
 }
 
@@ -192,7 +253,8 @@ const Decision& decide(const Problem& problem, int device) {
   static std::mutex mutex;
   static std::map<Key, Decision> cache;
   std::string env;
-  for (const char* name : {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP", "LLTM_SEQ_DOT"}) {
+  for (const char* name :
+       {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP", "LLTM_SEQ_DOT", "LLTM_SEQ_MULTICAST"}) {
     const char* v = std::getenv(name);
     env += std::string(v == nullptr ? "" : v) + ";";
   }
@@ -262,16 +324,35 @@ bool launch(const Params& base, const at::Tensor& like) {
     params.exchange = exchange.mutable_data_ptr<scalar_t>();
     params.arrivals = reinterpret_cast<unsigned*>(arrivals.mutable_data_ptr<int>());
   }
-  const Kernel<Params> kernel =
-      kernel_for<Cell, scalar_t, kBackward>(plan.path, split.per_thread, split.mma, split.w_regs);
+  // The grid's multicast clusters where the device places them all (else
+  // the plain kernel, each CTA copying its own rows: the same results).
+  params.multicast = plan.path == SeqPath::kGrid ? split.multicast : 1;
+  if (params.multicast > 1 && !multicast_fits(kernel_for<Cell, scalar_t, kBackward>(
+                                                  plan.path, split.per_thread, split.mma, split.w_regs, true),
+                                              split, params.multicast, split.group * split.per_wave, device,
+                                              at::cuda::getDeviceProperties(device)->sharedMemPerBlockOptin))
+    params.multicast = 1;
+  const Kernel<Params> kernel = kernel_for<Cell, scalar_t, kBackward>(plan.path, split.per_thread, split.mma,
+                                                                      split.w_regs, params.multicast > 1);
+  const char* asked = std::getenv("LLTM_SEQ_MULTICAST");
+  if (plan.path == SeqPath::kGrid && asked != nullptr && *asked != '\0' &&
+      std::atoi(asked) != params.multicast)
+    TORCH_WARN_ONCE("lltm: LLTM_SEQ_MULTICAST=", asked,
+                    " cannot run here; the grid path runs with clusters of ", params.multicast,
+                    " (multicast needs sm_90 code, the MMA dot, a size that divides the group of ",
+                    split.group, " CTAs, and room for all ", split.group * split.per_wave,
+                    " CTAs in such clusters at once)");
   // One launch per wave of chunks, in turn on the stream (chunks are
   // independent; every CTA of a launch is resident at once).
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   for (int64_t chunk0 = 0; chunk0 < split.chunks; chunk0 += split.per_wave) {
     Split wave = split;
     wave.per_wave = static_cast<int>(std::min<int64_t>(split.per_wave, split.chunks - chunk0));
     params.chunk0 = chunk0;
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t config = launch_config(plan.path, wave, c10::cuda::getCurrentCUDAStream(), attr);
+    cudaLaunchAttribute attrs[2];
+    const cudaLaunchConfig_t config = params.multicast > 1
+                                          ? multicast_config(wave, params.multicast, stream, attrs)
+                                          : launch_config(plan.path, wave, stream, attrs[0]);
     C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
   }
   return true;

@@ -37,6 +37,7 @@ struct ForwardParams {
   int64_t chunk0;  // the first chunk of this launch (a wave)
   int state, group, units, rows, rows_padded, ks, row;
   int mtiles, mstack, ksplit, w_rows;  // the MMA dot (seq_plan.h's Split)
+  int multicast;  // grid MMA, sm_90: CTAs of a cluster sharing each reload (MulticastExchange; else 1)
 };
 
 // One launch of the backward kernel (reverse time).
@@ -61,6 +62,7 @@ struct BackwardParams {
   int64_t chunk0;  // the first chunk of this launch (a wave)
   int state, group, units, rows, rows_padded, ks, row;
   int mtiles, mstack, ksplit, w_rows;  // the MMA dot (seq_plan.h's Split)
+  int multicast;  // grid MMA, sm_90: CTAs of a cluster sharing each reload (MulticastExchange; else 1)
 };
 
 // Where this CTA sits: its units [j0, j0 + jn) and batch rows [b0, b0 + bn).

@@ -51,6 +51,7 @@ struct Allowed {
   bool forced = false;   // exactly one path named: it must run
   int cluster_size = 0;  // LLTM_SEQ_CLUSTER, 0: the planner's choice
   int grid_group = 0;    // LLTM_SEQ_GROUP, 0: the planner's choice
+  int multicast = 0;     // LLTM_SEQ_MULTICAST, 0: the planner's choice
 };
 
 int read_size(const char* name, int lo, int hi) {
@@ -67,6 +68,10 @@ Allowed read_environment() {
   Allowed a;
   a.cluster_size = read_size("LLTM_SEQ_CLUSTER", 1, 16);
   a.grid_group = read_size("LLTM_SEQ_GROUP", 1, 1 << 16);
+  a.multicast = read_size("LLTM_SEQ_MULTICAST", 1, 8);
+  TORCH_CHECK((a.multicast & (a.multicast - 1)) == 0, "LLTM_SEQ_MULTICAST=", a.multicast,
+              " is not a cluster size of the grid path's multicast reload: use 1 (none), 2, 4 or 8, or "
+              "leave it unset");
   const char* dot = std::getenv("LLTM_SEQ_DOT");
   if (dot != nullptr && *dot != '\0') {
     const std::string d(dot);
@@ -390,6 +395,28 @@ const char* path_name(SeqPath path) {
   }
 }
 
+namespace {
+
+// From this state size on, the grid path's MMA kernels share each reload
+// in clusters of 2 (sm_90). Measured side by side in one process (H200,
+// docs/benchmarks-history.md section 23): steps 4-12% shorter, forward and
+// backward, for the LSTM, LLTM and GRU at S = 768 and 1024 (B = 16 and
+// 64, fp16 and bf16, groups of 32 to 128 CTAs); within 2-5% either way at
+// S = 128 and 512, so not there. Clusters of 4 could not place the
+// 128-CTA grids of a 132-SM H200. The FMA dot has no multicast kernels:
+// its steps are longer, and fp32 at S = 1024 gained 5%.
+constexpr int64_t kMulticastState = 768;
+
+// The grid path's CTAs per multicast cluster for an MMA split:
+// LLTM_SEQ_MULTICAST where set, else 2 from kMulticastState on; 1 where the
+// device or build has no multicast kernels or the size does not divide the group.
+int grid_multicast(const Allowed& a, const DeviceLimits& d, const Problem& p, int group) {
+  const int m = a.multicast > 0 ? a.multicast : p.state >= kMulticastState ? 2 : 1;
+  return d.multicast && group % m == 0 ? m : 1;
+}
+
+}  // namespace
+
 Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentChunks& resident) {
   const Allowed allowed = read_environment();
   Decision out;
@@ -420,6 +447,7 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
         Plan plan;
         plan.path = path;
         plan.split = s;
+        if (path == SeqPath::kGrid && s.mma) plan.split.multicast = grid_multicast(allowed, d, p, s.group);
         set_cost(p, d, plan);
         if (best.split.waves == 0 || plan.cost_us < best.cost_us) best = plan;
         if (best_of_dot.split.waves == 0 || plan.cost_us < best_of_dot.cost_us) best_of_dot = plan;
@@ -501,6 +529,7 @@ std::string describe(const Problem& p, const Decision& decision) {
              : s.w_regs ? "fma w=regs"
                         : "fma w=smem");
       if (s.mma) os << " mtiles=" << s.mtiles << " mstack=" << s.mstack << " ksplit=" << s.ksplit;
+      if (c.path == SeqPath::kGrid) os << " multicast=" << s.multicast;
     }
     os << " model_us=" << c.cost_us;
   }

@@ -43,6 +43,9 @@
 // it cannot run. LLTM_SEQ_CLUSTER=N (1..16) fixes the cluster size,
 // LLTM_SEQ_GROUP=N the CTAs per grid group, and LLTM_SEQ_DOT the persistent
 // kernels' dot: fma (either place of W_h), fma-regs, fma-smem or mma.
+// LLTM_SEQ_MULTICAST=M (1, 2, 4 or 8) sets the clusters of CTAs that share
+// each reload of the grid path's MMA kernels (sm_90; 1: none; unset: the
+// planner's choice).
 #pragma once
 
 #include <cstddef>
@@ -101,6 +104,10 @@ struct Split {
   int mstack = 1;       // tiles of A one warp's task takes (sharing its B fragments)
   int ksplit = 0;       // k slices of each task's tiles (partial sums added in order)
   int w_rows = 0;       // rows of W_h's slice in shared memory (past 3 J: read by the last tile, unused)
+  // Grid with the MMA dot, sm_90: CTAs of a cluster that share each step's
+  // reload from L2 by one multicast copy (1: each CTA copies its own; a
+  // divisor of group).
+  int multicast = 1;
 };
 
 // The most tiles of A one MMA task takes with `ntiles` tiles of B (the
@@ -136,6 +143,7 @@ struct DeviceLimits {
   bool cluster_kernels = false;  // clusters exist and the cluster kernels have a body here
   bool grid_kernels = false;     // cooperative launch works and the grid kernels have a body here
   bool mma_kernels = false;      // sm_80+ and the MMA kernels have a body here
+  bool multicast = false;        // Hopper, and the grid MMA kernels' multicast code is sm_90's
 };
 
 // How many batch chunks of `split` run at once on the device (the one

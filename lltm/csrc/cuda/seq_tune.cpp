@@ -71,10 +71,11 @@ int64_t steps_class(int64_t steps) {
 std::string class_key(const Problem& p, int device) {
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device);
   std::ostringstream os;
-  os << "v1|" << prop->name << "|sm" << prop->multiProcessorCount << "|" << p.cell << "|"
+  os << "v2|" << prop->name << "|sm" << prop->multiProcessorCount << "|" << p.cell << "|"
      << (p.backward ? "backward" : "forward") << "|elem" << p.elem << (p.is_double ? "d" : "") << "|tc"
      << p.tensor_cores << "|B" << p.batch << "|S" << p.state << "|T" << steps_class(p.steps) << "|";
-  for (const char* name : {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP", "LLTM_SEQ_DOT"}) {
+  for (const char* name :
+       {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP", "LLTM_SEQ_DOT", "LLTM_SEQ_MULTICAST"}) {
     const char* v = std::getenv(name);
     os << (v == nullptr ? "" : v) << ";";
   }
@@ -200,6 +201,7 @@ std::string plan_label(const Plan& plan) {
          : s.w_regs ? "fma-regs"
                     : "fma-smem")
      << ":nb" << s.per_thread << ":ks" << s.ks << ":t" << s.threads;
+  if (s.multicast > 1) os << ":mc" << s.multicast;
   return os.str();
 }
 
