@@ -9,9 +9,13 @@ setup.py loads this file by path.
 
 from __future__ import annotations
 
+import functools
 import glob
 import importlib.util
 import os
+import re
+import shutil
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -109,9 +113,31 @@ def link_flags() -> list[str]:
     return openmp_flags()
 
 
+@functools.lru_cache(maxsize=None)
+def nvcc_release() -> tuple[int, int] | None:
+    """(major, minor) of the nvcc the build will run (torch's CUDA_HOME), or
+    None where there is none or its version cannot be read."""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    nvcc = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else shutil.which("nvcc")
+    if not nvcc:
+        return None
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"release (\d+)\.(\d+)", out)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
 def nvcc_flags(debug: bool) -> list[str]:
     flags = ["-DLLTM_WITH_CUDA", _registry.compiled_define(), "--expt-relaxed-constexpr", "-lineinfo"]
     flags += ["-O0", "-G"] if debug else ["-O3"]
+    if (nvcc_release() or (0, 0)) >= (12, 8):
+        # The grid path's multicast copies are Hopper code that the planner
+        # runs on sm_90 only; ptxas (12.8 on) advises sm_90a for them once
+        # per kernel, for the sake of later GPUs that never run them.
+        flags.append("-Xptxas=--suppress-async-bulk-multicast-advisory-warning")
     if os.environ.get("LLTM_STEP_CLOCKS") == "1":
         # Profiling build: the persistent kernels print the cycles of each phase of a step.
         flags.append("-DLLTM_STEP_CLOCKS")

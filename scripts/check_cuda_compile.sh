@@ -141,6 +141,12 @@ flags=(
   ${NVCC_EXTRA:-}
 )
 for arch in $ARCHS; do flags+=("-gencode=arch=compute_${arch},code=sm_${arch}"); done
+# As lltm/_sources.py's nvcc_flags: ptxas from 12.8 advises sm_90a for the
+# multicast copies once per kernel.
+release=$("$NVCC" --version | sed -nE 's/.*release ([0-9]+)\.([0-9]+).*/\1 \2/p')
+if [ -n "$release" ] && [ $(( ${release% *} * 100 + ${release#* } )) -ge 1208 ]; then
+  flags+=(-Xptxas=--suppress-async-bulk-multicast-advisory-warning)
+fi
 if [ "$RESOURCE_USAGE" = 1 ]; then flags+=(--resource-usage); fi
 
 versions="$("$NVCC" --version | tail -1), torch $("$PYTHON" -c 'import torch; print(torch.__version__)')"

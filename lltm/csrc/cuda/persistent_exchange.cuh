@@ -371,8 +371,20 @@ struct MulticastExchange : GridExchange<T> {
   // engine of another CTA writes this CTA's rows next, and the fence orders
   // this CTA's reads of them (the barrier) before those writes, which the
   // count's release and the issuer's acquire then order after them.
+  //
+  // Every thread also arrives on the cluster barrier, which the issuer's
+  // threads wait on before the copy (wait()). It orders nothing the count
+  // does not, but the count orders through global memory, which
+  // compute-sanitizer's racecheck does not follow, and the barrier it does:
+  // racecheck then sees the peers' reads of the rows end before the copy
+  // overwrites them. Relaxed, it costs nothing measurable; with release
+  // semantics the step's puts waited on it (3-5% at FlashRNN's point,
+  // docs/benchmarks-history.md, section 25).
   __device__ void arrive(int /*parity*/) const {
     __syncthreads();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
     if (Base::leader()) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -386,6 +398,7 @@ struct MulticastExchange : GridExchange<T> {
   // waits for that arrival too.
   __device__ void wait(int parity, int64_t n) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // the cluster's arrive()
     if (Base::leader()) {
       const uint32_t block = static_cast<uint32_t>(this->bn * this->row * sizeof(T));
       if (issues) {
