@@ -42,3 +42,30 @@ def test_every_source_file_is_built():
     cuda_only = {p for p in every if p.endswith(".cu") or p.startswith("cuda" + os.sep)}
     assert {os.path.relpath(p, _sources.CSRC) for p in _sources.sources(True)} == every
     assert {os.path.relpath(p, _sources.CSRC) for p in _sources.sources(False)} == every - cuda_only
+
+
+@pytest.mark.parametrize(
+    "banner, release",
+    [
+        ("Cuda compilation tools, release 13.0, V13.0.88\n", (13, 0)),
+        ("Cuda compilation tools, release 12.4, V12.4.131\n", (12, 4)),
+        ("no version here\n", None),
+    ],
+)
+def test_nvcc_release_and_the_multicast_advisory_flag(tmp_path, monkeypatch, banner, release):
+    """The build reads nvcc's release from the nvcc it will run, and passes
+    ptxas the flag that silences its sm_90a advisory for the multicast
+    copies only from 12.8, where ptxas has it (an older ptxas would reject
+    it); no readable nvcc, no flag."""
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text(f"#!/bin/sh\nprintf '{banner}'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(tmp_path))
+    _sources.nvcc_release.cache_clear()
+    try:
+        assert _sources.nvcc_release() == release
+        flag = "-Xptxas=--suppress-async-bulk-multicast-advisory-warning"
+        assert (flag in _sources.nvcc_flags(False)) == (release is not None and release >= (12, 8))
+    finally:
+        _sources.nvcc_release.cache_clear()
