@@ -146,17 +146,18 @@ cudaLaunchConfig_t multicast_config(const Split& wave, int multicast, cudaStream
   return config;
 }
 
-// Whether the device places every cluster of `multicast` CTAs of a wave
-// of `ctas` CTAs at once (GPCs hold whole clusters: 66 of 2 fit a 132-SM
-// H100, 32 of 4 do not); asked once per kernel, device and shape.
+// How many clusters of `multicast` CTAs of this shape the device holds at
+// once (0 where the query fails); a wave of the grid path needs all of its
+// CTAs resident. GPCs hold whole clusters: 66 of 2 fit a 132-SM H100, 32
+// of 4 did not fit the H200 (docs/benchmarks-history.md, section 25).
+// Asked once per kernel, device and shape.
 template <typename Params>
-bool multicast_fits(Kernel<Params> kernel, const Split& split, int multicast, int ctas, int device,
-                    size_t smem_limit) {
-  using Key = std::tuple<const void*, int, int, unsigned, size_t, int>;
+int multicast_room(Kernel<Params> kernel, const Split& split, int multicast, int device, size_t smem_limit) {
+  using Key = std::tuple<const void*, int, unsigned, size_t, int>;
   static std::mutex mutex;
-  static std::map<Key, bool> cache;
-  const Key key{reinterpret_cast<const void*>(kernel), device,     ctas,
-                static_cast<unsigned>(split.threads),  split.smem, multicast};
+  static std::map<Key, int> cache;
+  const Key key{reinterpret_cast<const void*>(kernel), device, static_cast<unsigned>(split.threads),
+                split.smem, multicast};
   const std::lock_guard<std::mutex> lock(mutex);
   const auto found = cache.find(key);
   if (found != cache.end()) return found->second;
@@ -169,13 +170,15 @@ bool multicast_fits(Kernel<Params> kernel, const Split& split, int multicast, in
   config.numAttrs = 1;
   int clusters = 0;
   // The kernel's dynamic shared memory limit raised as for the plain kernels (resident_chunks).
-  const bool fits = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem_limit)) == cudaSuccess &&
-                    cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess &&
-                    int64_t(clusters) * multicast >= ctas;
-  if (!fits) (void)cudaGetLastError();
-  cache.emplace(key, fits);
-  return fits;
+  const bool asked = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem_limit)) == cudaSuccess &&
+                     cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess;
+  if (!asked) {
+    (void)cudaGetLastError();
+    clusters = 0;
+  }
+  cache.emplace(key, clusters);
+  return clusters;
 }
 
 // How many batch chunks of this launch shape run at once on the device (0:
@@ -327,11 +330,14 @@ bool launch(const Params& base, const at::Tensor& like) {
   // The grid's multicast clusters where the device places them all (else
   // the plain kernel, each CTA copying its own rows: the same results).
   params.multicast = plan.path == SeqPath::kGrid ? split.multicast : 1;
-  if (params.multicast > 1 && !multicast_fits(kernel_for<Cell, scalar_t, kBackward>(
-                                                  plan.path, split.per_thread, split.mma, split.w_regs, true),
-                                              split, params.multicast, split.group * split.per_wave, device,
-                                              at::cuda::getDeviceProperties(device)->sharedMemPerBlockOptin))
-    params.multicast = 1;
+  const int ctas = split.group * split.per_wave, planned = params.multicast;
+  int room = 0;  // clusters of `planned` CTAs the device holds at once
+  if (planned > 1) {
+    room = multicast_room(
+        kernel_for<Cell, scalar_t, kBackward>(plan.path, split.per_thread, split.mma, split.w_regs, true),
+        split, planned, device, at::cuda::getDeviceProperties(device)->sharedMemPerBlockOptin);
+    if (int64_t(room) * planned < ctas) params.multicast = 1;
+  }
   const Kernel<Params> kernel = kernel_for<Cell, scalar_t, kBackward>(plan.path, split.per_thread, split.mma,
                                                                       split.w_regs, params.multicast > 1);
   const char* asked = std::getenv("LLTM_SEQ_MULTICAST");
@@ -340,8 +346,11 @@ bool launch(const Params& base, const at::Tensor& like) {
     TORCH_WARN_ONCE("lltm: LLTM_SEQ_MULTICAST=", asked,
                     " cannot run here; the grid path runs with clusters of ", params.multicast,
                     " (multicast needs sm_90 code, the MMA dot, a size that divides the group of ",
-                    split.group, " CTAs, and room for all ", split.group * split.per_wave,
-                    " CTAs in such clusters at once)");
+                    split.group, " CTAs, and room for all ", ctas, " CTAs in such clusters at once",
+                    planned > 1 ? "; the device holds " + std::to_string(room) + " clusters of " +
+                                      std::to_string(planned) + " of this kernel at once"
+                                : std::string(),
+                    ")");
   // One launch per wave of chunks, in turn on the stream (chunks are
   // independent; every CTA of a launch is resident at once).
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
