@@ -255,13 +255,8 @@ const Decision& decide(const Problem& problem, int device) {
   using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, std::string>;
   static std::mutex mutex;
   static std::map<Key, Decision> cache;
-  std::string env;
-  for (const char* name :
-       {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP", "LLTM_SEQ_DOT", "LLTM_SEQ_MULTICAST"}) {
-    const char* v = std::getenv(name);
-    env += std::string(v == nullptr ? "" : v) + ";";
-  }
-  const Key key{problem.steps, problem.batch, problem.state, device, problem.tensor_cores, env};
+  const Key key{problem.steps, problem.batch,        problem.state,
+                device,        problem.tensor_cores, plan_environment()};
   {
     const std::lock_guard<std::mutex> lock(mutex);
     const auto found = cache.find(key);

@@ -31,6 +31,7 @@
 #include <cstring>
 #include <optional>
 #include <sstream>
+#include <string>
 
 namespace lltm {
 namespace cuda_detail {
@@ -383,6 +384,16 @@ void set_cost(const Problem& p, const DeviceLimits& d, Plan& plan) {
 }
 
 }  // namespace
+
+std::string plan_environment() {
+  std::string env;
+  for (const char* name :
+       {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP", "LLTM_SEQ_DOT", "LLTM_SEQ_MULTICAST"}) {
+    const char* v = std::getenv(name);
+    env += std::string(v == nullptr ? "" : v) + ";";
+  }
+  return env;
+}
 
 const char* path_name(SeqPath path) {
   switch (path) {

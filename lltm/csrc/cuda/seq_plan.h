@@ -167,5 +167,10 @@ Decision plan_time_loop(const Problem& problem, const DeviceLimits& device, cons
 // One line per candidate, with the model's numbers and the choice.
 std::string describe(const Problem& problem, const Decision& decision);
 
+// The values of the settings above that change a plan (LLTM_SEQ_PATH,
+// _CLUSTER, _GROUP, _DOT and _MULTICAST, each followed by ';'): part of
+// every cache key of a plan, in the process and in the tuner's file.
+std::string plan_environment();
+
 }  // namespace cuda_detail
 }  // namespace lltm

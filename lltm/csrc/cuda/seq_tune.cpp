@@ -73,12 +73,8 @@ std::string class_key(const Problem& p, int device) {
   std::ostringstream os;
   os << "v2|" << prop->name << "|sm" << prop->multiProcessorCount << "|" << p.cell << "|"
      << (p.backward ? "backward" : "forward") << "|elem" << p.elem << (p.is_double ? "d" : "") << "|tc"
-     << p.tensor_cores << "|B" << p.batch << "|S" << p.state << "|T" << steps_class(p.steps) << "|";
-  for (const char* name :
-       {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP", "LLTM_SEQ_DOT", "LLTM_SEQ_MULTICAST"}) {
-    const char* v = std::getenv(name);
-    os << (v == nullptr ? "" : v) << ";";
-  }
+     << p.tensor_cores << "|B" << p.batch << "|S" << p.state << "|T" << steps_class(p.steps) << "|"
+     << plan_environment();
   std::string key = os.str();
   std::replace(key.begin(), key.end(), '\t', ' ');
   std::replace(key.begin(), key.end(), '\n', ' ');
