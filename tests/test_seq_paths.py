@@ -228,6 +228,25 @@ def test_grid_multicast(monkeypatch, use_path, dtype, multicast):
         assert torch.equal(a, b)
 
 
+def test_grid_multicast_plans_what_the_clusters_place(monkeypatch, use_path):
+    """GPCs hold whole clusters, so clusters of 4 may place fewer CTAs than
+    the plain kernels (30 clusters, 120 CTAs, of this shape on a 132-SM
+    Hopper): the planner asks before it splits the batch, and plans chunks
+    of a wave that all fit (there, the forward's one chunk of 16 rows in
+    place of two of 8), so the launch runs the clusters asked for, without
+    a warning, with the reference's results."""
+    if not _multicast_here():
+        pytest.skip("the grid's multicast kernels run on Hopper (sm_90)")
+    tol = use_path("grid-mma")
+    monkeypatch.setenv("LLTM_SEQ_GROUP", "64")  # 64 CTAs of one CTA an SM a chunk
+    monkeypatch.setenv("LLTM_SEQ_MULTICAST", "4")
+    for backward in (False, True):
+        assert "multicast=4" in _grid_line(_plan(backward, 5, 16, 768, torch.float32))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*LLTM_SEQ_MULTICAST.*")
+        _check("fused", make_seq(5, 16, 7, 768, device="cuda", dtype=torch.float32, seed=5), tol=tol)
+
+
 @pytest.mark.parametrize("setting", [None, "1"])
 def test_grid_multicast_default(monkeypatch, use_path, setting):
     """The planner shares the reload of the grid's MMA kernels in clusters of

@@ -148,8 +148,9 @@ cudaLaunchConfig_t multicast_config(const Split& wave, int multicast, cudaStream
 
 // How many clusters of `multicast` CTAs of this shape the device holds at
 // once (0 where the query fails); a wave of the grid path needs all of its
-// CTAs resident. GPCs hold whole clusters: 66 of 2 fit a 132-SM H100, 32
-// of 4 did not fit the H200 (docs/benchmarks-history.md, section 25).
+// CTAs resident. GPCs hold whole clusters: 66 of 2 fit a 132-SM H100 or
+// H200, but 30 of 4 (docs/benchmarks-history.md, section 26); the planner
+// asks this (decide) and plans fewer chunks a wave.
 // Asked once per kernel, device and shape.
 template <typename Params>
 int multicast_room(Kernel<Params> kernel, const Split& split, int multicast, int device, size_t smem_limit) {
@@ -263,10 +264,17 @@ const Decision& decide(const Problem& problem, int device) {
     if (found != cache.end()) return found->second;
   }
   const DeviceLimits limits = device_limits<Cell, scalar_t, kBackward>(device);
+  // Multicast clusters: GPCs hold whole clusters, so fewer CTAs may fit
+  // than without them (30 clusters of 4 of a 132-SM H100's grid kernels).
   const ResidentChunks resident = [&](SeqPath path, const Split& split) {
-    return resident_chunks(
+    const int plain = resident_chunks(
         kernel_for<Cell, scalar_t, kBackward>(path, split.per_thread, split.mma, split.w_regs), path, split,
         device, limits.smem_per_block, limits.sms);
+    if (path != SeqPath::kGrid || split.multicast <= 1) return plain;
+    const int room = multicast_room(
+        kernel_for<Cell, scalar_t, kBackward>(path, split.per_thread, split.mma, split.w_regs, true), split,
+        split.multicast, device, limits.smem_per_block);
+    return std::min(plain, room * split.multicast / split.group);
   };
   Decision decision = plan_time_loop(problem, limits, resident);
   const std::lock_guard<std::mutex> lock(mutex);
@@ -323,29 +331,36 @@ bool launch(const Params& base, const at::Tensor& like) {
     params.arrivals = reinterpret_cast<unsigned*>(arrivals.mutable_data_ptr<int>());
   }
   // The grid's multicast clusters where the device places them all (else
-  // the plain kernel, each CTA copying its own rows: the same results).
+  // the plain kernel, each CTA copying its own rows: the same results). The
+  // planner asked the device already (decide); this guards plans made
+  // elsewhere.
   params.multicast = plan.path == SeqPath::kGrid ? split.multicast : 1;
-  const int ctas = split.group * split.per_wave, planned = params.multicast;
-  int room = 0;  // clusters of `planned` CTAs the device holds at once
-  if (planned > 1) {
-    room = multicast_room(
+  const int ctas = split.group * split.per_wave;
+  const size_t smem_limit = at::cuda::getDeviceProperties(device)->sharedMemPerBlockOptin;
+  // Clusters of m CTAs of this split the device holds at once (the MMA dot's kernels only).
+  auto room_for = [&](int m) {
+    return multicast_room(
         kernel_for<Cell, scalar_t, kBackward>(plan.path, split.per_thread, split.mma, split.w_regs, true),
-        split, planned, device, at::cuda::getDeviceProperties(device)->sharedMemPerBlockOptin);
-    if (int64_t(room) * planned < ctas) params.multicast = 1;
-  }
+        split, m, device, smem_limit);
+  };
+  if (params.multicast > 1 && int64_t(room_for(params.multicast)) * params.multicast < ctas)
+    params.multicast = 1;
   const Kernel<Params> kernel = kernel_for<Cell, scalar_t, kBackward>(plan.path, split.per_thread, split.mma,
                                                                       split.w_regs, params.multicast > 1);
   const char* asked = std::getenv("LLTM_SEQ_MULTICAST");
-  if (plan.path == SeqPath::kGrid && asked != nullptr && *asked != '\0' &&
-      std::atoi(asked) != params.multicast)
+  const int asked_m = asked != nullptr && *asked != '\0' ? std::atoi(asked) : 0;
+  if (plan.path == SeqPath::kGrid && asked_m > 0 && asked_m != params.multicast) {
+    const bool clusters = asked_m > 1 && split.mma && split.group % asked_m == 0;
     TORCH_WARN_ONCE("lltm: LLTM_SEQ_MULTICAST=", asked,
                     " cannot run here; the grid path runs with clusters of ", params.multicast,
                     " (multicast needs sm_90 code, the MMA dot, a size that divides the group of ",
-                    split.group, " CTAs, and room for all ", ctas, " CTAs in such clusters at once",
-                    planned > 1 ? "; the device holds " + std::to_string(room) + " clusters of " +
-                                      std::to_string(planned) + " of this kernel at once"
-                                : std::string(),
+                    split.group, " CTAs, and room for all ", ctas, " CTAs of a wave in such clusters at once",
+                    clusters ? "; the device holds " + std::to_string(room_for(asked_m)) + " clusters of " +
+                                   std::to_string(asked_m) + " of this kernel (" +
+                                   std::to_string(split.smem) + " bytes of shared memory a CTA) at once"
+                             : std::string(),
                     ")");
+  }
   // One launch per wave of chunks, in turn on the stream (chunks are
   // independent; every CTA of a launch is resident at once).
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

@@ -218,12 +218,32 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
   return s;
 }
 
+// From this state size on, the grid path's MMA kernels share each reload
+// in clusters of 2 (sm_90). Measured side by side in one process (H200,
+// docs/benchmarks-history.md section 23): steps 4-12% shorter, forward and
+// backward, for the LSTM, LLTM and GRU at S = 768 and 1024 (B = 16 and
+// 64, fp16 and bf16, groups of 32 to 128 CTAs); within 2-5% either way at
+// S = 128 and 512, so not there. Clusters of 4: the GPCs of a 132-SM
+// H100 or H200 hold 30 of them (120 CTAs), so 4 chunks of 32 CTAs become
+// 3 wider ones (splits), and every point measured ran 5-13% slower than
+// with clusters of 2 (section 26). The FMA dot has no multicast kernels:
+// its steps are longer, and fp32 at S = 1024 gained 5%.
+constexpr int64_t kMulticastState = 768;
+
+// The grid path's CTAs per multicast cluster for an MMA split:
+// LLTM_SEQ_MULTICAST where set, else 2 from kMulticastState on; 1 where the
+// device or build has no multicast kernels or the size does not divide the group.
+int grid_multicast(const Allowed& a, const DeviceLimits& d, const Problem& p, int group) {
+  const int m = a.multicast > 0 ? a.multicast : p.state >= kMulticastState ? 2 : 1;
+  return d.multicast && group % m == 0 ? m : 1;
+}
+
 // The candidate splits of `group` CTAs per chunk: from as many chunks as
 // the SMs suggest (or fewer rows per chunk, where those do not fit), to as
 // many rows per chunk as one wave needs (more rows need more shared memory),
 // each with its waves.
 std::vector<Split> splits(const Problem& p, SeqPath path, int group, Dot dot, const DeviceLimits& d,
-                          const ResidentChunks& resident, std::string& why) {
+                          const Allowed& allowed, const ResidentChunks& resident, std::string& why) {
   const bool mma = dot == Dot::kMma;
   std::vector<Split> out;
   int64_t rows = ceil_div(p.batch, std::max<int64_t>(1, d.sms / std::max(1, group)));
@@ -234,7 +254,14 @@ std::vector<Split> splits(const Problem& p, SeqPath path, int group, Dot dot, co
   for (int attempt = 0; attempt < 8; ++attempt) {
     std::optional<Split> s = split_for(p, path, group, rows, d.smem_per_block, dot);
     if (!s) break;
-    const int fit = resident(path, *s);
+    // The grid's MMA kernels in multicast clusters: the clusters the GPCs
+    // hold bound the chunks of a wave; where not one chunk's fit, none.
+    if (path == SeqPath::kGrid && s->mma) s->multicast = grid_multicast(allowed, d, p, s->group);
+    int fit = resident(path, *s);
+    if (fit <= 0 && s->multicast > 1) {
+      s->multicast = 1;
+      fit = resident(path, *s);
+    }
     if (fit <= 0) {
       why = "the launch shape cannot be scheduled";
       break;
@@ -406,28 +433,6 @@ const char* path_name(SeqPath path) {
   }
 }
 
-namespace {
-
-// From this state size on, the grid path's MMA kernels share each reload
-// in clusters of 2 (sm_90). Measured side by side in one process (H200,
-// docs/benchmarks-history.md section 23): steps 4-12% shorter, forward and
-// backward, for the LSTM, LLTM and GRU at S = 768 and 1024 (B = 16 and
-// 64, fp16 and bf16, groups of 32 to 128 CTAs); within 2-5% either way at
-// S = 128 and 512, so not there. Clusters of 4 could not place the
-// 128-CTA grids of a 132-SM H200. The FMA dot has no multicast kernels:
-// its steps are longer, and fp32 at S = 1024 gained 5%.
-constexpr int64_t kMulticastState = 768;
-
-// The grid path's CTAs per multicast cluster for an MMA split:
-// LLTM_SEQ_MULTICAST where set, else 2 from kMulticastState on; 1 where the
-// device or build has no multicast kernels or the size does not divide the group.
-int grid_multicast(const Allowed& a, const DeviceLimits& d, const Problem& p, int group) {
-  const int m = a.multicast > 0 ? a.multicast : p.state >= kMulticastState ? 2 : 1;
-  return d.multicast && group % m == 0 ? m : 1;
-}
-
-}  // namespace
-
 Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentChunks& resident) {
   const Allowed allowed = read_environment();
   Decision out;
@@ -454,11 +459,10 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
     best.why_not = no_dot;  // splits() replaces it with its own reason
     for (const Dot dot : dots) {
       Plan best_of_dot;
-      for (const Split& s : splits(p, path, group, dot, d, resident, best.why_not)) {
+      for (const Split& s : splits(p, path, group, dot, d, allowed, resident, best.why_not)) {
         Plan plan;
         plan.path = path;
         plan.split = s;
-        if (path == SeqPath::kGrid && s.mma) plan.split.multicast = grid_multicast(allowed, d, p, s.group);
         set_cost(p, d, plan);
         if (best.split.waves == 0 || plan.cost_us < best.cost_us) best = plan;
         if (best_of_dot.split.waves == 0 || plan.cost_us < best_of_dot.cost_us) best_of_dot = plan;
