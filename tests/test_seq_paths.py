@@ -247,6 +247,26 @@ def test_grid_multicast_plans_what_the_clusters_place(monkeypatch, use_path):
         _check("fused", make_seq(5, 16, 7, 768, device="cuda", dtype=torch.float32, seed=5), tol=tol)
 
 
+def test_grid_multicast_that_cannot_run_warns(monkeypatch, use_path):
+    """Clusters of 8 in a group of 3 CTAs cannot run: the grid path runs
+    without clusters, says so (naming the setting and the group), with the
+    plain kernels' results. (bfloat16: the warning comes once per process
+    and kernel family, and no other test makes this one warn.)"""
+    if not _multicast_here():
+        pytest.skip("the grid's multicast kernels run on Hopper (sm_90)")
+    use_path("grid-mma")
+    monkeypatch.setenv("LLTM_SEQ_GROUP", "3")
+    monkeypatch.setenv("LLTM_SEQ_MULTICAST", "8")
+    assert "multicast=1" in _grid_line(_plan(False, 6, 11, 45, torch.bfloat16))
+    args = make_seq(6, 11, 5, 45, device="cuda", dtype=torch.bfloat16, seed=8)
+    fused = lambda *a, **k: functional.lltm(*a, backend="fused", **k)  # noqa: E731
+    with pytest.warns(UserWarning, match="LLTM_SEQ_MULTICAST=8 cannot run here.*group of 3 CTAs"):
+        got = _outputs_and_grads(fused, args)
+    monkeypatch.setenv("LLTM_SEQ_MULTICAST", "1")
+    for a, b in zip(got, _outputs_and_grads(fused, args)):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("setting", [None, "1"])
 def test_grid_multicast_default(monkeypatch, use_path, setting):
     """The planner shares the reload of the grid's MMA kernels in clusters of

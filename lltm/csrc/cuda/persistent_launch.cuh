@@ -349,12 +349,14 @@ bool launch(const Params& base, const at::Tensor& like) {
                                                                       split.w_regs, params.multicast > 1);
   const char* asked = std::getenv("LLTM_SEQ_MULTICAST");
   const int asked_m = asked != nullptr && *asked != '\0' ? std::atoi(asked) : 0;
-  if (plan.path == SeqPath::kGrid && asked_m > 0 && asked_m != params.multicast) {
-    const bool clusters = asked_m > 1 && split.mma && split.group % asked_m == 0;
+  // (The setting is the MMA kernels'; the FMA dot's plans, which the tuner
+  // may try beside them, have none to run.)
+  if (plan.path == SeqPath::kGrid && split.mma && asked_m > 0 && asked_m != params.multicast) {
+    const bool clusters = asked_m > 1 && split.group % asked_m == 0;
     TORCH_WARN_ONCE("lltm: LLTM_SEQ_MULTICAST=", asked,
                     " cannot run here; the grid path runs with clusters of ", params.multicast,
-                    " (multicast needs sm_90 code, the MMA dot, a size that divides the group of ",
-                    split.group, " CTAs, and room for all ", ctas, " CTAs of a wave in such clusters at once",
+                    " (multicast needs sm_90 code, a size that divides the group of ", split.group,
+                    " CTAs, and room for all ", ctas, " CTAs of a wave in such clusters at once",
                     clusters ? "; the device holds " + std::to_string(room_for(asked_m)) + " clusters of " +
                                    std::to_string(asked_m) + " of this kernel (" +
                                    std::to_string(split.smem) + " bytes of shared memory a CTA) at once"
