@@ -44,7 +44,19 @@
 #include <c10/macros/Macros.h>
 
 // Every function of a cell: inline, and callable from CUDA device code.
+// The fused CPU kernels' builds (cpu/kernels_<capability>.cpp) define
+// LLTM_CELL_ALWAYS_INLINE: their step kernels call a cell's functions on
+// whole register tiles (step_kernels.h), which a call spills to memory and
+// reloads (GCC kept them out of line; inlined, the LSTM's layer at T = 50,
+// 16x32x128 ran 3-7% faster on one core). Not elsewhere: GCC refuses to
+// inline a function compiled for a wider instruction set into its caller
+// (a cell of lltm.cells.define, compiled after its kernels' target switch,
+// is also called by the ATen operators, which keep the baseline).
+#if defined(LLTM_CELL_ALWAYS_INLINE) && !defined(__CUDA_ARCH__)
+#define LLTM_CELL_FN C10_HOST_DEVICE static C10_ALWAYS_INLINE
+#else
 #define LLTM_CELL_FN C10_HOST_DEVICE static inline
+#endif
 
 namespace lltm {
 namespace cells {

@@ -3,6 +3,8 @@
 // torch itself runs with CPU capability AVX512 (see kernels.h). Only GCC
 // on x86-64 can switch the instruction set inside a file; elsewhere this
 // build is absent.
+// (before any header: the cells' functions inline into the step kernels, cells/cell.h)
+#define LLTM_CELL_ALWAYS_INLINE 1
 #include "baseline_headers.h"
 // the instruction set switch, after every header that keeps the baseline one
 #include "target_avx512.h"

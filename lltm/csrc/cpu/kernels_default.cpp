@@ -1,6 +1,8 @@
 // The fused CPU kernels with the baseline instruction set (x86-64: SSE2), the
 // fallback on every CPU and the only build on other architectures and
 // compilers (see kernels.h).
+// (before any header: the cells' functions inline into the step kernels, cells/cell.h)
+#define LLTM_CELL_ALWAYS_INLINE 1
 #include "baseline_headers.h"
 
 #define CPU_CAPABILITY DEFAULT
