@@ -222,6 +222,15 @@ int resident_chunks(Kernel<Params> kernel, SeqPath path, const Split& split, int
   return chunks;
 }
 
+// Clusters of `multicast` CTAs of the grid path's multicast kernel for this
+// split that the device holds at once (the MMA dot's kernels only).
+template <typename Cell, typename scalar_t, bool kBackward>
+int grid_multicast_room(const Split& split, int multicast, int device, size_t smem_limit) {
+  return multicast_room(
+      kernel_for<Cell, scalar_t, kBackward>(SeqPath::kGrid, split.per_thread, split.mma, split.w_regs, true),
+      split, multicast, device, smem_limit);
+}
+
 // The planner's view of the device and of this build's code for it.
 template <typename Cell, typename scalar_t, bool kBackward>
 DeviceLimits device_limits(int device) {
@@ -271,9 +280,8 @@ const Decision& decide(const Problem& problem, int device) {
         kernel_for<Cell, scalar_t, kBackward>(path, split.per_thread, split.mma, split.w_regs), path, split,
         device, limits.smem_per_block, limits.sms);
     if (path != SeqPath::kGrid || split.multicast <= 1) return plain;
-    const int room = multicast_room(
-        kernel_for<Cell, scalar_t, kBackward>(path, split.per_thread, split.mma, split.w_regs, true), split,
-        split.multicast, device, limits.smem_per_block);
+    const int room =
+        grid_multicast_room<Cell, scalar_t, kBackward>(split, split.multicast, device, limits.smem_per_block);
     return std::min(plain, room * split.multicast / split.group);
   };
   Decision decision = plan_time_loop(problem, limits, resident);
@@ -337,11 +345,8 @@ bool launch(const Params& base, const at::Tensor& like) {
   params.multicast = plan.path == SeqPath::kGrid ? split.multicast : 1;
   const int ctas = split.group * split.per_wave;
   const size_t smem_limit = at::cuda::getDeviceProperties(device)->sharedMemPerBlockOptin;
-  // Clusters of m CTAs of this split the device holds at once (the MMA dot's kernels only).
   auto room_for = [&](int m) {
-    return multicast_room(
-        kernel_for<Cell, scalar_t, kBackward>(plan.path, split.per_thread, split.mma, split.w_regs, true),
-        split, m, device, smem_limit);
+    return grid_multicast_room<Cell, scalar_t, kBackward>(split, m, device, smem_limit);
   };
   if (params.multicast > 1 && int64_t(room_for(params.multicast)) * params.multicast < ctas)
     params.multicast = 1;
