@@ -170,8 +170,8 @@ at::Tensor recompute_states(const RnnArgs& a, const std::vector<RowMajor>& state
     const int64_t T = a.steps(), B = a.batch(), S = a.hidden();
     at::Tensor states = at::empty({NS - 1, T, B, S}, saved.options());
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, saved.scalar_type(), "lltm_rnn_states", [&] {
-      rnn_states_kernel<Cell, scalar_t><<<pointwise_blocks(B * S, saved.get_device()), kSeqPointwiseThreads,
-                                          0, c10::cuda::getCurrentCUDAStream()>>>(
+      const unsigned int blocks = grid_size(std::max<int64_t>(1, ceil_div(B * S, kStatesThreads)));
+      rnn_states_kernel<Cell, scalar_t><<<blocks, kStatesThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
           saved.const_data_ptr<scalar_t>(), state0[1].data<scalar_t>(), state0[1].ld, 0,
           a.lengths.defined() ? a.lengths.const_data_ptr<int64_t>() : nullptr,
           states.mutable_data_ptr<scalar_t>(), T, B, S);

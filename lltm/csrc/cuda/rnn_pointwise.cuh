@@ -168,10 +168,18 @@ __global__ void __launch_bounds__(kSeqPointwiseThreads)
 // initial ones and the saved values (backward's input; forward does not keep
 // them), in the forward's order and rounding (the cell's recompute, in
 // acc_t, one thread per (row, unit) walking t; rows past their length keep
-// their states). The loads of kUnroll steps are issued before their math,
-// so a thread waits for memory once per kUnroll steps, not per step.
+// their states). Latency-bound: B S threads each wait for memory once per
+// kUnroll steps (the loads of kUnroll steps are issued before their math),
+// so kUnroll is as large as the registers allow without spilling: 16 steps
+// of up to 4 saved values (208 registers for the LSTM in half types).
+template <typename Cell>
+constexpr int states_unroll() {
+  return Cell::kSaved <= 4 ? 16 : 8;
+}
+constexpr int kStatesThreads = 64;  // B S threads: small blocks spread them over the SMs
+
 template <typename Cell, typename scalar_t>
-__global__ void __launch_bounds__(kSeqPointwiseThreads)
+__global__ void __launch_bounds__(kStatesThreads)
     rnn_states_kernel(const scalar_t* __restrict__ saved,  // (T, B, NV S)
                       const scalar_t* __restrict__ s0,     // (NS - 1, B, S) at k s0_stride + b * s0_ld + j
                       int64_t s0_ld, int64_t s0_stride,
@@ -181,7 +189,7 @@ __global__ void __launch_bounds__(kSeqPointwiseThreads)
   using acc_t = at::opmath_type<scalar_t>;
   using M = Activations<false>;
   constexpr int NS = Cell::kStates, NV = Cell::kSaved;
-  constexpr int kUnroll = 8;
+  constexpr int kUnroll = states_unroll<Cell>();
   const int64_t n = batch * state;
   const int64_t saved_step = NV * n;  // elements between steps t and t + 1
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -194,25 +202,32 @@ __global__ void __launch_bounds__(kSeqPointwiseThreads)
     s[0] = acc_t(0);  // h: not rebuilt
 #pragma unroll
     for (int k = 1; k < NS; ++k) s[k] = static_cast<acc_t>(s0[(k - 1) * s0_stride + b * s0_ld + j]);
-    for (int64_t t0 = 0; t0 < steps; t0 += kUnroll) {
-      acc_t sv[kUnroll][NV];
+    // Addresses advance by pointer steps: kUnroll NV loads in flight, each
+    // a 64-bit add from the last, not a product of its own.
+    const scalar_t* gt = g;     // step t0's saved values
+    scalar_t* st = states + e;  // step t0's states
+    for (int64_t t0 = 0; t0 < steps; t0 += kUnroll, gt += kUnroll * saved_step, st += kUnroll * n) {
+      const int64_t count = steps - t0;
+      scalar_t sv[kUnroll][NV];
+      const scalar_t* q = gt;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const bool in = t0 + u < steps;
+      for (int u = 0; u < kUnroll; ++u, q += saved_step) {
 #pragma unroll
-        for (int k = 0; k < NV; ++k)
-          sv[u][k] = in ? static_cast<acc_t>(g[(t0 + u) * saved_step + k * state]) : acc_t(0);
+        for (int k = 0; k < NV; ++k) sv[u][k] = u < count ? q[k * state] : scalar_t(0);
       }
+      scalar_t* out = st;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t t = t0 + u;
-        if (t >= steps) break;
-        acc_t next[NS];
-        Cell::template recompute<M>(s, sv[u], next);
+      for (int u = 0; u < kUnroll; ++u, out += n) {
+        if (u >= count) break;
+        acc_t saved_u[NV], next[NS];
+#pragma unroll
+        for (int k = 0; k < NV; ++k) saved_u[k] = static_cast<acc_t>(sv[u][k]);
+        Cell::template recompute<M>(s, saved_u, next);
+        const bool alive = t0 + u < length;
 #pragma unroll
         for (int k = 1; k < NS; ++k) {
-          s[k] = t < length ? next[k] : s[k];
-          states[((k - 1) * steps + t) * n + e] = static_cast<scalar_t>(s[k]);
+          s[k] = alive ? next[k] : s[k];
+          out[(k - 1) * steps * n] = static_cast<scalar_t>(s[k]);
         }
       }
     }
