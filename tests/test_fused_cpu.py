@@ -10,19 +10,16 @@
 - bfloat16 and float16 by the rule "error <= 2x the error of plain PyTorch
   in the same dtype", against a float64 reference;
 - layers of T = 0, 1 and 300 steps, variable lengths, bias None,
-  non-contiguous (batch_first transposed) input;
-- every CPU capability build (AVX-512, AVX2, baseline) gives the same
-  results (ATEN_CPU_CAPABILITY picks the build, as it does torch's).
+  non-contiguous (batch_first transposed) input.
+
+That every CPU capability build (AVX-512, AVX2, baseline) gives the same
+results, the LLTM's operators included, is test_fused_cpu_cells.py's
+test_every_capability_build_agrees.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import platform
-import subprocess
-import sys
-from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
@@ -286,68 +283,3 @@ def test_cell_training_loop_matches_reference():
         cell.weights.data.mul_(-1.0)  # through .data too
         ref.weights.data.mul_(-1.0)
         torch.testing.assert_close(cell(x[0])[0], ref(x[0])[0], rtol=1e-10, atol=1e-12)
-
-
-CAPABILITY_SCRIPT = """
-import torch, lltm
-from lltm import functional
-torch.manual_seed(0)
-x = torch.randn(4, 33, 7, dtype=torch.float64)
-W = torch.randn(3 * 37, 37 + 7, dtype=torch.float64) * 0.2
-b = torch.randn(3 * 37, dtype=torch.float64)
-h0, c0 = torch.randn(2, 33, 37, dtype=torch.float64)
-lengths = torch.tensor([4, 0, 2] * 11)
-rows = []
-for dtype in (torch.float32, torch.float64, torch.bfloat16):
-    args = [a.to(dtype).clone().requires_grad_() for a in (x, W, b, h0, c0)]
-    out, (h, c) = functional.lltm(*args, backend="fused")
-    out_l, (h_l, c_l) = functional.lltm(*args, lengths=lengths, backend="fused")
-    h_1, c_1 = functional.lltm_cell(args[0][0], *args[1:], backend="fused")
-    loss = out.double().sin().sum() + h.double().sum() + c.double().cos().sum()
-    loss = loss + out_l.double().sum() + h_l.double().cos().sum() + c_l.double().sum()
-    (loss + h_1.double().sin().sum() + c_1.double().sum()).backward()
-    rows.append([t.detach().double() for t in (out, h, c, out_l, h_l, c_l, h_1, c_1)] + [a.grad.double() for a in args])
-torch.save((torch.backends.cpu.get_cpu_capability(), torch.ops.lltm._fused_cpu_capability(), rows), {path!r})
-"""
-
-
-def _runnable_capabilities() -> list[str]:
-    """The values of ATEN_CPU_CAPABILITY this CPU can run: torch takes the one asked for even where the CPU
-    lacks its instructions (then its own kernels die of SIGILL)."""
-    caps = ["default"]
-    if platform.machine() in ("x86_64", "AMD64"):
-        caps += ["avx2"] * torch.cpu._is_avx2_supported() + ["avx512"] * torch.cpu._is_avx512_supported()
-    return caps
-
-
-def test_every_capability_build_agrees(tmp_path):
-    """The baseline, AVX2 and AVX-512 builds of the kernels give the same
-    results (to rounding) wherever torch can run each on this CPU: a layer
-    with and without lengths and a cell, forward and every gradient."""
-    root = Path(__file__).resolve().parents[1]
-    results = {}
-    for cap in _runnable_capabilities():
-        path = tmp_path / f"{cap}.pt"
-        env = dict(os.environ, ATEN_CPU_CAPABILITY=cap)
-        proc = subprocess.run(
-            [sys.executable, "-c", CAPABILITY_SCRIPT.format(path=str(path))],
-            cwd=root,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr
-        used, build, rows = torch.load(path)
-        # the build of the kernels follows torch's own capability (x86-64 GCC
-        # builds have all three; elsewhere only the baseline one)
-        if platform.machine() in ("x86_64", "AMD64"):
-            assert build == used.lower(), f"torch runs {used}, the fused kernels {build}"
-        results[used] = rows
-    assert "DEFAULT" in results, f"ran with {sorted(results)}"
-    base = results["DEFAULT"]
-    tol = {0: 1e-5, 1: 1e-12, 2: 3e-2}
-    for used, rows in results.items():
-        for k, (row, base_row) in enumerate(zip(rows, base)):
-            for i, (a, b) in enumerate(zip(row, base_row)):
-                assert rel_err(a, b) <= tol[k], f"{used} vs DEFAULT, dtype {k}, tensor {i}: {rel_err(a, b):.2e}"
