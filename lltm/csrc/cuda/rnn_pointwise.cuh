@@ -171,10 +171,11 @@ __global__ void __launch_bounds__(kSeqPointwiseThreads)
 // their states). Latency-bound: B S threads each wait for memory once per
 // kUnroll steps (the loads of kUnroll steps are issued before their math),
 // so kUnroll is as large as the registers allow without spilling: 16 steps
-// of up to 4 saved values (208 registers for the LSTM in half types).
-template <typename Cell>
+// of up to 4 saved values of up to 4 bytes (208 registers for the LSTM in
+// half types); 8 steps otherwise (float64's 16 x 4 loads alone fill 128).
+template <typename Cell, typename scalar_t>
 constexpr int states_unroll() {
-  return Cell::kSaved <= 4 ? 16 : 8;
+  return Cell::kSaved <= 4 && sizeof(scalar_t) <= 4 ? 16 : 8;
 }
 constexpr int kStatesThreads = 64;  // B S threads: small blocks spread them over the SMs
 
@@ -189,7 +190,7 @@ __global__ void __launch_bounds__(kStatesThreads)
   using acc_t = at::opmath_type<scalar_t>;
   using M = Activations<false>;
   constexpr int NS = Cell::kStates, NV = Cell::kSaved;
-  constexpr int kUnroll = states_unroll<Cell>();
+  constexpr int kUnroll = states_unroll<Cell, scalar_t>();
   const int64_t n = batch * state;
   const int64_t saved_step = NV * n;  // elements between steps t and t + 1
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
