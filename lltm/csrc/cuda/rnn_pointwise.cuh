@@ -8,6 +8,9 @@
 
 #include <ATen/OpMathType.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "cell_math.cuh"
 #include "launch_utils.h"
 
@@ -232,6 +235,136 @@ __global__ void __launch_bounds__(kStatesThreads)
         }
       }
     }
+  }
+}
+
+// The same recompute with the saved values staged in shared memory: the
+// block's 64 elements (consecutive b S + j) read each step's NV x 64 values
+// as 16-byte cp.async copies (sm_80+) of kStagedSteps steps a stage, with
+// states_stages() stages in flight (48 steps ahead in half types), so the
+// walk's memory latency is hidden by copies rather than by each thread's
+// registers (rnn_states_kernel keeps 16 steps in flight). Same math, order
+// and rounding as rnn_states_kernel. Needs S a multiple of a copy's
+// elements (a copy never straddles two batch rows) and a 16-byte aligned
+// `saved`; the launcher checks both.
+constexpr int kStagedThreads = 64;
+constexpr int kStagedSteps = 16;
+constexpr int kStagedSmemBytes = 48 * 1024;  // no opt-in needed
+
+template <typename Cell, typename scalar_t>
+constexpr int states_stage_bytes() {
+  return kStagedSteps * Cell::kSaved * kStagedThreads * static_cast<int>(sizeof(scalar_t));
+}
+// Stages in flight (at most 4); fewer than 2 means no pipeline: use rnn_states_kernel.
+template <typename Cell, typename scalar_t>
+constexpr int states_stages() {
+  return std::min(4, kStagedSmemBytes / states_stage_bytes<Cell, scalar_t>());
+}
+
+template <typename Cell, typename scalar_t>
+__global__ void __launch_bounds__(kStagedThreads) rnn_states_staged_kernel(
+    const scalar_t* __restrict__ saved,  // (T, B, NV S)
+    const scalar_t* __restrict__ s0,     // (NS - 1, B, S) at k s0_stride + b * s0_ld + j
+    int64_t s0_ld, int64_t s0_stride,
+    const int64_t* __restrict__ lengths,  // (B,) or null
+    scalar_t* __restrict__ states,        // (NS - 1, T, B, S)
+    int64_t steps, int64_t batch, int64_t state) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using M = Activations<false>;
+  constexpr int NS = Cell::kStates, NV = Cell::kSaved;
+  constexpr int P = states_stages<Cell, scalar_t>();
+  static_assert(P >= 2, "the launcher takes rnn_states_kernel where stages do not fit");
+  constexpr int V = 16 / static_cast<int>(sizeof(scalar_t));  // elements a copy
+  constexpr int kChunks = kStagedThreads / V;                 // copies a (step, value) row of the block
+  constexpr int kCopies = kStagedSteps * NV * kChunks;        // copies a stage
+  static_assert(kCopies % kStagedThreads == 0, "every thread issues the same number of copies");
+  constexpr int kMine = kCopies / kStagedThreads;
+  __shared__ __align__(16) scalar_t stage[P][kStagedSteps][NV][kStagedThreads];
+
+  const int64_t n = batch * state;
+  const int64_t saved_step = NV * n;
+  const int64_t e0 = static_cast<int64_t>(blockIdx.x) * kStagedThreads;
+  // This thread's copies of a stage, the same slots in every stage: copy q =
+  // threadIdx.x + i * threads is chunk q % kChunks of value (q / kChunks) %
+  // NV at step q / (kChunks NV) of the stage; its source offset past the
+  // stage's first step, -1 for chunks past the last element.
+  int64_t src[kMine];
+  int dst[kMine];
+#pragma unroll
+  for (int i = 0; i < kMine; ++i) {
+    const int q = threadIdx.x + i * kStagedThreads;
+    const int c = q % kChunks, k = (q / kChunks) % NV, u = q / (kChunks * NV);
+    const int64_t e = e0 + c * V;
+    const int64_t b = e / state, j = e - b * state;
+    src[i] = e < n ? u * saved_step + b * NV * state + k * state + j : -1;
+    dst[i] = (u * NV + k) * kStagedThreads + c * V;
+  }
+  const int64_t stages = (steps + kStagedSteps - 1) / kStagedSteps;
+  auto issue =
+      [&](int64_t g) {  // stage g's copies into buffer g % P, then one commit group (empty past the end)
+        if (g < stages) {
+          const int64_t t0 = g * kStagedSteps;
+          scalar_t* buf = &stage[g % P][0][0][0];
+#pragma unroll
+          for (int i = 0; i < kMine; ++i) {
+            const int u = (threadIdx.x + i * kStagedThreads) / (kChunks * NV);
+            if (src[i] < 0 || t0 + u >= steps) continue;
+            const scalar_t* from = saved + t0 * saved_step + src[i];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                             static_cast<uint32_t>(__cvta_generic_to_shared(buf + dst[i]))),
+                         "l"(from)
+                         : "memory");
+#else
+            *reinterpret_cast<int4*>(buf + dst[i]) = *reinterpret_cast<const int4*>(from);
+#endif
+          }
+        }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+      };
+
+  const int64_t e = e0 + threadIdx.x;
+  const bool mine = e < n;
+  const int64_t b = mine ? e / state : 0;
+  const int64_t j = mine ? e - b * state : 0;
+  const int64_t length = !mine ? 0 : (lengths == nullptr ? steps : lengths[b]);
+  acc_t s[NS];
+  s[0] = acc_t(0);  // h: not rebuilt
+#pragma unroll
+  for (int k = 1; k < NS; ++k)
+    s[k] = mine ? static_cast<acc_t>(s0[(k - 1) * s0_stride + b * s0_ld + j]) : acc_t(0);
+
+#pragma unroll
+  for (int g = 0; g < P - 1; ++g) issue(g);
+  scalar_t* out = states + e;
+  for (int64_t g = 0; g < stages; ++g) {
+    issue(g + P - 1);  // into the buffer stage g - 1 used: the barrier below ended its reads
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(P - 1) : "memory");  // this thread's copies of stage g
+#endif
+    __syncthreads();  // everyone's
+    const int64_t t0 = g * kStagedSteps;
+    const int count = static_cast<int>(std::min<int64_t>(kStagedSteps, steps - t0));
+    if (mine) {
+      const scalar_t* buf = &stage[g % P][0][0][threadIdx.x];
+#pragma unroll
+      for (int u = 0; u < kStagedSteps; ++u, out += n) {
+        if (u >= count) break;
+        acc_t saved_u[NV], next[NS];
+#pragma unroll
+        for (int k = 0; k < NV; ++k) saved_u[k] = static_cast<acc_t>(buf[(u * NV + k) * kStagedThreads]);
+        Cell::template recompute<M>(s, saved_u, next);
+        const bool alive = t0 + u < length;
+#pragma unroll
+        for (int k = 1; k < NS; ++k) {
+          s[k] = alive ? next[k] : s[k];
+          out[(k - 1) * steps * n] = static_cast<scalar_t>(s[k]);
+        }
+      }
+    }
+    __syncthreads();  // stage g's buffer is free for stage g + P
   }
 }
 
