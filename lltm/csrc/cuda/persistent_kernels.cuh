@@ -450,7 +450,19 @@ __global__ void __launch_bounds__(kMaxThreads)
   };
   load_step(p.steps - 1);
   scalar_t dzx_out[G][NB], dzh_out[G][NB];  // step t's gradients of zx and zh
-  [[maybe_unused]] WarpTask task{};         // the MMA dot's (see the forward kernel)
+  // Their sums over the steps (the bias gradients of this unit and rows),
+  // of the values stored: no pass over dzx after the loop.
+  constexpr int kBiasSums = Cell::kSplit ? 2 : 1;
+  acc_t bias_sum[kBiasSums][G][NB];
+#pragma unroll
+  for (int q = 0; q < kBiasSums; ++q) {
+#pragma unroll
+    for (int i = 0; i < G; ++i) {
+#pragma unroll
+      for (int n = 0; n < NB; ++n) bias_sum[q][i][n] = acc_t(0);
+    }
+  }
+  [[maybe_unused]] WarpTask task{};  // the MMA dot's (see the forward kernel)
   if constexpr (kMma) task = warp_task<scalar_t>(G, S, p.mtiles, p.mstack, Bp / 8, p.ksplit);
   ex.start();
   StepClocks clk;
@@ -478,6 +490,8 @@ __global__ void __launch_bounds__(kMaxThreads)
         for (int i = 0; i < G; ++i) {
           dzx_out[i][n] = alive ? static_cast<scalar_t>(dzx[i]) : scalar_t(0);
           dzh_out[i][n] = alive ? static_cast<scalar_t>(Cell::kSplit ? dzh[i] : dzx[i]) : scalar_t(0);
+          bias_sum[0][i][n] += static_cast<acc_t>(dzx_out[i][n]);
+          if constexpr (Cell::kSplit) bias_sum[kBiasSums - 1][i][n] += static_cast<acc_t>(dzh_out[i][n]);
         }
         // Past a row's length the states stay: their gradients carry over as they are.
 #pragma unroll
@@ -594,14 +608,20 @@ __global__ void __launch_bounds__(kMaxThreads)
   clk.report(kCluster ? "backward cluster" : "backward grid",
              {"cell+put", "arrive", "stores+loads", "wait", "dot", "reduce"}, p.steps, p.rows, J, p.group,
              dot_name<kMma, kRegW>());
-  // The gradients of the initial states.
+  // The gradients of the initial states, and the bias sums of each batch row.
 #pragma unroll
   for (int n = 0; n < NB; ++n) {
     if (!valid[n] || !(grp.stores >> n & 1u)) continue;
-    const int64_t at = (s.b0 + grp.r0 + n) * S + j;
+    const int64_t b = s.b0 + grp.r0 + n, at = b * S + j;
 #pragma unroll
     for (int k = 0; k < NS; ++k) {
       if (p.grad_state0[k] != nullptr) p.grad_state0[k][at] = static_cast<scalar_t>(d[k][n]);
+    }
+#pragma unroll
+    for (int q = 0; q < kBiasSums; ++q) {
+      if (p.bias_rows[q] == nullptr) continue;
+#pragma unroll
+      for (int i = 0; i < G; ++i) p.bias_rows[q][b * G * S + i * S + j] = bias_sum[q][i][n];
     }
   }
 }

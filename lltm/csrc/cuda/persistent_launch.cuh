@@ -465,32 +465,36 @@ bool rnn_backward_persistent(const at::Tensor& grad_output, const std::vector<at
                              const RowMajor& w_hh, const at::Tensor& saved, const at::Tensor& output,
                              const at::Tensor& states, const std::vector<RowMajor>& state0,
                              const at::Tensor& lengths, const at::Tensor& dzx, const at::Tensor& dzh,
-                             const std::vector<at::Tensor>& grad_state0) {
+                             const std::vector<at::Tensor>& grad_state0, const at::Tensor& bias_rows) {
   const int64_t steps = output.size(0), batch = output.size(1), state = output.size(2);
   bool launched = false;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, output.scalar_type(),
-                                  "lltm_rnn_backward_persistent", [&] {
-                                    BackwardParams<scalar_t> p{};
-                                    p.grad_output = data_or_null<scalar_t>(grad_output);
-                                    for (int k = 0; k < Cell::kStates; ++k) {
-                                      p.grad_state_n[k] = data_or_null<scalar_t>(grad_state_n[k]);
-                                      p.state0[k] = state0[k].data<scalar_t>();
-                                      p.state0_ld[k] = state0[k].ld;
-                                      p.grad_state0[k] = mutable_or_null<scalar_t>(grad_state0[k]);
-                                    }
-                                    p.w = w_hh.data<scalar_t>();
-                                    p.w_ld = w_hh.ld;
-                                    p.saved = saved.const_data_ptr<scalar_t>();
-                                    p.output = output.const_data_ptr<scalar_t>();
-                                    p.states = data_or_null<scalar_t>(states);
-                                    p.lengths = data_or_null<int64_t>(lengths);
-                                    p.dzx = dzx.mutable_data_ptr<scalar_t>();
-                                    p.dzh = mutable_or_null<scalar_t>(dzh);
-                                    p.steps = steps;
-                                    p.batch = batch;
-                                    p.state = static_cast<int>(state);
-                                    launched = PersistentOf<Cell, scalar_t, true>::launch(p, output);
-                                  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, output.scalar_type(), "lltm_rnn_backward_persistent", [&] {
+        BackwardParams<scalar_t> p{};
+        p.grad_output = data_or_null<scalar_t>(grad_output);
+        for (int k = 0; k < Cell::kStates; ++k) {
+          p.grad_state_n[k] = data_or_null<scalar_t>(grad_state_n[k]);
+          p.state0[k] = state0[k].data<scalar_t>();
+          p.state0_ld[k] = state0[k].ld;
+          p.grad_state0[k] = mutable_or_null<scalar_t>(grad_state0[k]);
+        }
+        p.w = w_hh.data<scalar_t>();
+        p.w_ld = w_hh.ld;
+        p.saved = saved.const_data_ptr<scalar_t>();
+        p.output = output.const_data_ptr<scalar_t>();
+        p.states = data_or_null<scalar_t>(states);
+        p.lengths = data_or_null<int64_t>(lengths);
+        p.dzx = dzx.mutable_data_ptr<scalar_t>();
+        p.dzh = mutable_or_null<scalar_t>(dzh);
+        using acc_t = at::opmath_type<scalar_t>;
+        for (int64_t q = 0; bias_rows.defined() && q < bias_rows.size(0); ++q) {
+          p.bias_rows[q] = bias_rows.mutable_data_ptr<acc_t>() + q * bias_rows.stride(0);
+        }
+        p.steps = steps;
+        p.batch = batch;
+        p.state = static_cast<int>(state);
+        launched = PersistentOf<Cell, scalar_t, true>::launch(p, output);
+      });
   return launched;
 }
 
@@ -533,7 +537,7 @@ ModelDecision rnn_decision(int64_t steps, int64_t batch, int64_t state, c10::Sca
                                               const RowMajor&, const at::Tensor&, const at::Tensor&,   \
                                               const at::Tensor&, const std::vector<RowMajor>&,         \
                                               const at::Tensor&, const at::Tensor&, const at::Tensor&, \
-                                              const std::vector<at::Tensor>&);                         \
+                                              const std::vector<at::Tensor>&, const at::Tensor&);      \
   template std::string rnn_plan<Cell, true>(int64_t, int64_t, int64_t, c10::ScalarType, int);          \
   template ModelDecision rnn_decision<Cell, true>(int64_t, int64_t, int64_t, c10::ScalarType, int);    \
   }

@@ -56,8 +56,11 @@ struct BackwardParams {
   scalar_t* dzx;                      // (T, B, G S)
   scalar_t* dzh;                      // (T, B, G S), or null: the cell's dzh is its dzx
   scalar_t* grad_state0[kMaxStates];  // (B, S) or null
-  scalar_t* exchange;                 // grid: (2, G, B, row) dzh_t by parity (gate-major), zero past S
-  unsigned* arrivals;                 // grid: (chunks,) zeroed
+  // The bias gradients per batch row: (B, G S) sums over the steps of dzx
+  // ([0]) and of dzh ([1], cells with kSplit), or null.
+  at::opmath_type<scalar_t>* bias_rows[2];
+  scalar_t* exchange;  // grid: (2, G, B, row) dzh_t by parity (gate-major), zero past S
+  unsigned* arrivals;  // grid: (chunks,) zeroed
   int64_t steps, batch;
   int64_t chunk0;  // the first chunk of this launch (a wave)
   int state, group, units, rows, rows_padded, ks, row;

@@ -20,6 +20,8 @@
 //   grad_input = dzx W_ih,  grad_W_ih = dzx^T x,  grad_b_ih = column sums of dzx
 //   grad_W_hh  = dzh_0^T h0 + dzh_{1:}^T output_{:-1}  (h_{t-1} is the previous
 //                output on every row whose dzh is not 0),  grad_b_hh = sums of dzh
+// (the persistent kernel adds each batch row's bias sums over the steps as
+// it writes dzx and dzh; then only its B rows are summed).
 // No atomics: every gradient element is written by one GEMM or reduction.
 #pragma once
 
@@ -400,17 +402,27 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
   at::Tensor dzh = Cell::kSplit ? at::empty({T, B, GS}, options) : at::Tensor();
   std::vector<at::Tensor> grad_state0(NS);
   for (size_t k = 0; k < grads.state.size(); ++k) grad_state0[k] = grads.state[k];
-  // The reverse-time loop over these tensors: the persistent kernel, or the step loop.
+  // The bias gradients' sums over the steps per batch row, where the persistent kernel runs (it adds them as
+  // it goes).
+  const bool want_bias = grads.b_ih.defined() || grads.b_hh.defined();
+  at::Tensor bias_rows =
+      want_bias ? at::empty({Cell::kSplit ? 2 : 1, B, GS}, options.dtype(at::toOpMathType(dtype)))
+                : at::Tensor();
+  bool bias_summed = false;
+  // The reverse-time loop over these tensors: the persistent kernel, or the
+  // step loop. True where the persistent kernel ran (and wrote bias_rows_).
   const auto time_loop = [&](const RnnArgs& r, const RnnBackwardArgs& from_, const at::Tensor& states_,
-                             at::Tensor& dzx_, at::Tensor& dzh_, std::vector<at::Tensor>& grad_state0_) {
-    if (!rnn_backward_persistent<Cell>(from_.grad_output, from_.grad_state, w_hh, from_.saved, from_.output,
-                                       states_, state0, r.lengths, dzx_, dzh_, grad_state0_)) {
-      // the step loop takes the state gradients all or none (grad_state0_'s entries are all defined or all
-      // not)
-      std::vector<at::Tensor> wanted;
-      if (grad_state0_[0].defined()) wanted = grad_state0_;
-      backward_loop<Cell>(r, from_, w_hh, state0, states_, from_.saved, from_.output, dzx_, dzh_, wanted);
+                             at::Tensor& dzx_, at::Tensor& dzh_, std::vector<at::Tensor>& grad_state0_,
+                             const at::Tensor& bias_rows_) -> bool {
+    if (rnn_backward_persistent<Cell>(from_.grad_output, from_.grad_state, w_hh, from_.saved, from_.output,
+                                      states_, state0, r.lengths, dzx_, dzh_, grad_state0_, bias_rows_)) {
+      return true;
     }
+    // the step loop takes the state gradients all or none (grad_state0_'s entries are all defined or all not)
+    std::vector<at::Tensor> wanted;
+    if (grad_state0_[0].defined()) wanted = grad_state0_;
+    backward_loop<Cell>(r, from_, w_hh, state0, states_, from_.saved, from_.output, dzx_, dzh_, wanted);
+    return false;
   };
   // The measuring planner's trial: the last steps' values, gradients of its own (seq_tune.h).
   const TrialFactory make_trial = [&](int64_t steps) -> std::function<void()> {
@@ -427,12 +439,12 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
     at::Tensor dzh_t = Cell::kSplit ? at::empty({steps, B, GS}, options) : at::Tensor();
     std::vector<at::Tensor> grad_state0_t;
     for (const at::Tensor& g : grad_state0) grad_state0_t.push_back(g.defined() ? at::empty_like(g) : g);
-    return [=]() mutable { time_loop(r, f, states_t, dzx_t, dzh_t, grad_state0_t); };
+    return [=]() mutable { time_loop(r, f, states_t, dzx_t, dzh_t, grad_state0_t, at::Tensor()); };
   };
   {
     const ModelDecision model = rnn_decision<Cell, true>(T, B, S, dtype, output.get_device());
     const PlanOverride use(measured_plan(model.problem, model.decision, output.get_device(), make_trial));
-    time_loop(args, b, states, dzx, dzh, grad_state0);
+    bias_summed = time_loop(args, b, states, dzx, dzh, grad_state0, bias_rows);
   }
 
   const at::Tensor& dz_h = Cell::kSplit ? dzh : dzx;
@@ -483,14 +495,22 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
   }
   run_row_gemms(dtype, gemms, count, true);
   for (Destination& d : outs) d.finish();
-  // Column sums in float for half and bfloat16 (ATen's reduction).
-  if (grads.b_ih.defined()) at::sum_out(grads.b_ih, dzx.view({T * B, GS}), {0});
+  // Column sums in float for half and bfloat16: of the persistent kernel's
+  // B rows of sums over the steps, else of dzx / dzh's T*B rows (ATen's reduction).
+  const auto bias_grad = [&](at::Tensor& out, const at::Tensor& dz, int64_t which) {
+    if (bias_summed) {
+      out.copy_(bias_rows[which].sum(0));
+    } else {
+      at::sum_out(out, dz.view({T * B, GS}), {0});
+    }
+  };
+  if (grads.b_ih.defined()) bias_grad(grads.b_ih, dzx, 0);
   if (grads.b_hh.defined()) {
     // Without kSplit both biases add to one pre-activation: their gradients are the same sums.
     if (!Cell::kSplit && grads.b_ih.defined()) {
       grads.b_hh.copy_(grads.b_ih);
     } else {
-      at::sum_out(grads.b_hh, dz_h.view({T * B, GS}), {0});
+      bias_grad(grads.b_hh, dz_h, Cell::kSplit ? 1 : 0);
     }
   }
 }

@@ -37,13 +37,16 @@ bool rnn_forward_persistent(const at::Tensor& zx, const at::Tensor& saved, const
 // (T, B, S) and the entries of grad_state_n (B, S) are contiguous or
 // undefined (zero); saved and output are the forward's, contiguous; states
 // (NS - 1, T, B, S) contiguous holds the other states after every step
-// (undefined for NS = 1).
+// (undefined for NS = 1). bias_rows, where defined ((1 or 2, B, G S)
+// contiguous, float; double for double), gets each batch row's sums over
+// the steps of dzx ([0]) and of dzh ([1], kSplit): the bias gradients
+// before their sum over the rows.
 template <typename Cell>
 bool rnn_backward_persistent(const at::Tensor& grad_output, const std::vector<at::Tensor>& grad_state_n,
                              const RowMajor& w_hh, const at::Tensor& saved, const at::Tensor& output,
                              const at::Tensor& states, const std::vector<RowMajor>& state0,
                              const at::Tensor& lengths, const at::Tensor& dzx, const at::Tensor& dzh,
-                             const std::vector<at::Tensor>& grad_state0);
+                             const std::vector<at::Tensor>& grad_state0, const at::Tensor& bias_rows);
 
 // The planner's report for one direction (lltm::_fused_cuda_seq_plan).
 template <typename Cell, bool kBackward>
