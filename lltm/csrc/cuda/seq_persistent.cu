@@ -21,7 +21,8 @@
 //   barrier, and computes d h_{t-1} for its units from W_hh's columns
 //   (resident, as W_hh^T rows) and all of dzh_t; the carried gradients stay
 //   in registers in float, and the next step's saved values and states load
-//   during the barrier.
+//   during the barrier. Each thread also adds the dzx_t (and dzh_t) it
+//   stores into its rows' bias sums, written once after the last step.
 //
 // How a slice reaches the other CTAs is the exchange policy, the one
 // difference between the two kernels of each direction:
