@@ -172,27 +172,20 @@ at::Tensor recompute_states(const RnnArgs& a, const std::vector<RowMajor>& state
     const int64_t T = a.steps(), B = a.batch(), S = a.hidden();
     at::Tensor states = at::empty({NS - 1, T, B, S}, saved.options());
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, saved.scalar_type(), "lltm_rnn_states", [&] {
-      const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
       const int64_t* lengths = a.lengths.defined() ? a.lengths.const_data_ptr<int64_t>() : nullptr;
-      // Staged through shared memory where its 16-byte copies stay in one
-      // batch row and aligned, and enough stages fit; else in registers.
-      constexpr int kCopy = 16 / static_cast<int>(sizeof(scalar_t));
-      const bool staged = states_stages<Cell, scalar_t>() >= 2 && S % kCopy == 0 &&
-                          reinterpret_cast<uintptr_t>(saved.const_data_ptr()) % 16 == 0;
+      // Staged through shared memory where enough stages fit and its
+      // 16-byte copies stay aligned and in one batch row; else in registers.
+      bool staged = false;
       if constexpr (states_stages<Cell, scalar_t>() >= 2) {
-        if (staged) {
-          rnn_states_staged_kernel<Cell, scalar_t>
-              <<<grid_size(std::max<int64_t>(1, ceil_div(B * S, kStagedThreads))), kStagedThreads, 0,
-                 stream>>>(saved.const_data_ptr<scalar_t>(), state0[1].data<scalar_t>(), state0[1].ld, 0,
-                           lengths, states.mutable_data_ptr<scalar_t>(), T, B, S);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
-          return;
-        }
+        staged = S % (16 / static_cast<int>(sizeof(scalar_t))) == 0 &&
+                 reinterpret_cast<uintptr_t>(saved.const_data_ptr()) % 16 == 0;
       }
-      const unsigned int blocks = grid_size(std::max<int64_t>(1, ceil_div(B * S, kStatesThreads)));
-      rnn_states_kernel<Cell, scalar_t><<<blocks, kStatesThreads, 0, stream>>>(
-          saved.const_data_ptr<scalar_t>(), state0[1].data<scalar_t>(), state0[1].ld, 0, lengths,
-          states.mutable_data_ptr<scalar_t>(), T, B, S);
+      auto kernel = staged ? rnn_states_kernel<Cell, scalar_t, states_stages<Cell, scalar_t>() >= 2>
+                           : rnn_states_kernel<Cell, scalar_t, false>;
+      kernel<<<grid_size(std::max<int64_t>(1, ceil_div(B * S, kStatesThreads))), kStatesThreads, 0,
+               c10::cuda::getCurrentCUDAStream()>>>(saved.const_data_ptr<scalar_t>(),
+                                                    state0[1].data<scalar_t>(), state0[1].ld, 0, lengths,
+                                                    states.mutable_data_ptr<scalar_t>(), T, B, S);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
     return states;

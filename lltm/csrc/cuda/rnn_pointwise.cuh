@@ -170,19 +170,55 @@ __global__ void __launch_bounds__(kSeqPointwiseThreads)
 // The states other than h after every step, (NS - 1, T, B, S), from the
 // initial ones and the saved values (backward's input; forward does not keep
 // them), in the forward's order and rounding (the cell's recompute, in
-// acc_t, one thread per (row, unit) walking t; rows past their length keep
-// their states). Latency-bound: B S threads each wait for memory once per
-// kUnroll steps (the loads of kUnroll steps are issued before their math),
-// so kUnroll is as large as the registers allow without spilling: 16 steps
-// of up to 4 saved values of up to 4 bytes (208 registers for the LSTM in
-// half types); 8 steps otherwise (float64's 16 x 4 loads alone fill 128).
+// acc_t, one thread per (row, unit) = element b S + j walking t; rows past
+// their length keep their states). Latency-bound: few threads (B S), each
+// waiting on memory for its next steps. Two ways to wait less:
+//   kStaged = false: each thread issues the loads of kUnroll steps before
+//     their math, kUnroll as large as the registers allow without
+//     spilling: 16 steps of up to 4 saved values of up to 4 bytes (215
+//     registers for the LSTM in half types); 8 steps otherwise (float64's
+//     16 x 4 loads alone fill 128).
+//   kStaged = true: the block's 64 elements read each step's NV x 64 values
+//     as 16-byte cp.async copies (sm_80+) of kStagedSteps steps a stage,
+//     states_stages() stages in flight (48 steps ahead in half types), and
+//     walk them from shared memory: copies, not registers, hide the
+//     latency. Needs S a multiple of a copy's elements (a copy never
+//     straddles two batch rows) and a 16-byte aligned `saved`; the
+//     launcher checks both.
+constexpr int kStatesThreads = 64;  // small blocks spread the B S threads over the SMs
+constexpr int kStagedSteps = 16;
+constexpr int kStagedSmemBytes = 48 * 1024;  // static shared memory: no opt-in needed
+
 template <typename Cell, typename scalar_t>
 constexpr int states_unroll() {
   return Cell::kSaved <= 4 && sizeof(scalar_t) <= 4 ? 16 : 8;
 }
-constexpr int kStatesThreads = 64;  // B S threads: small blocks spread them over the SMs
-
 template <typename Cell, typename scalar_t>
+constexpr int states_stage_bytes() {
+  return kStagedSteps * Cell::kSaved * kStatesThreads * static_cast<int>(sizeof(scalar_t));
+}
+// Stages in flight (at most 4); fewer than 2 means no pipeline (kStaged = false).
+template <typename Cell, typename scalar_t>
+constexpr int states_stages() {
+  return std::min(4, kStagedSmemBytes / states_stage_bytes<Cell, scalar_t>());
+}
+
+// One step of an element: the next states from the step's saved values
+// (kept past the row's length), written to out, out + plane, ...
+template <typename Cell, typename M, typename scalar_t, typename acc_t>
+__device__ __forceinline__ void states_step(acc_t (&s)[Cell::kStates], const acc_t (&saved)[Cell::kSaved],
+                                            bool alive, scalar_t* out, int64_t plane) {
+  acc_t next[Cell::kStates];
+  Cell::template recompute<M>(s, saved, next);
+#pragma unroll
+  for (int k = 1; k < Cell::kStates; ++k) {
+    s[k] = alive ? next[k] : s[k];
+    out[(k - 1) * plane] = static_cast<scalar_t>(s[k]);
+  }
+}
+
+// One thread per element: blocks of kStatesThreads, ceil(B S / threads) of them.
+template <typename Cell, typename scalar_t, bool kStaged>
 __global__ void __launch_bounds__(kStatesThreads)
     rnn_states_kernel(const scalar_t* __restrict__ saved,  // (T, B, NV S)
                       const scalar_t* __restrict__ s0,     // (NS - 1, B, S) at k s0_stride + b * s0_ld + j
@@ -193,24 +229,27 @@ __global__ void __launch_bounds__(kStatesThreads)
   using acc_t = at::opmath_type<scalar_t>;
   using M = Activations<false>;
   constexpr int NS = Cell::kStates, NV = Cell::kSaved;
-  constexpr int kUnroll = states_unroll<Cell, scalar_t>();
   const int64_t n = batch * state;
   const int64_t saved_step = NV * n;  // elements between steps t and t + 1
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
-    const int64_t b = e / state;
-    const int64_t j = e - b * state;
-    const scalar_t* g = saved + b * NV * state + j;
-    const int64_t length = lengths == nullptr ? steps : lengths[b];
-    acc_t s[NS];
-    s[0] = acc_t(0);  // h: not rebuilt
+  const int64_t e0 = static_cast<int64_t>(blockIdx.x) * kStatesThreads, e = e0 + threadIdx.x;
+  const bool mine = e < n;
+  const int64_t b = mine ? e / state : 0;
+  const int64_t j = mine ? e - b * state : 0;
+  const int64_t length = !mine ? 0 : (lengths == nullptr ? steps : lengths[b]);
+  acc_t s[NS] = {};  // s[0], h, is not rebuilt
 #pragma unroll
-    for (int k = 1; k < NS; ++k) s[k] = static_cast<acc_t>(s0[(k - 1) * s0_stride + b * s0_ld + j]);
+  for (int k = 1; k < NS; ++k) {
+    if (mine) s[k] = static_cast<acc_t>(s0[(k - 1) * s0_stride + b * s0_ld + j]);
+  }
+  scalar_t* out = states + e;  // step t's states, out + t n
+
+  if constexpr (!kStaged) {
+    constexpr int kUnroll = states_unroll<Cell, scalar_t>();
+    if (!mine) return;
     // Addresses advance by pointer steps: kUnroll NV loads in flight, each
     // a 64-bit add from the last, not a product of its own.
-    const scalar_t* gt = g;     // step t0's saved values
-    scalar_t* st = states + e;  // step t0's states
-    for (int64_t t0 = 0; t0 < steps; t0 += kUnroll, gt += kUnroll * saved_step, st += kUnroll * n) {
+    const scalar_t* gt = saved + b * NV * state + j;  // step t0's saved values
+    for (int64_t t0 = 0; t0 < steps; t0 += kUnroll, gt += kUnroll * saved_step) {
       const int64_t count = steps - t0;
       scalar_t sv[kUnroll][NV];
       const scalar_t* q = gt;
@@ -219,152 +258,88 @@ __global__ void __launch_bounds__(kStatesThreads)
 #pragma unroll
         for (int k = 0; k < NV; ++k) sv[u][k] = u < count ? q[k * state] : scalar_t(0);
       }
-      scalar_t* out = st;
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u, out += n) {
         if (u >= count) break;
-        acc_t saved_u[NV], next[NS];
+        acc_t saved_u[NV];
 #pragma unroll
         for (int k = 0; k < NV; ++k) saved_u[k] = static_cast<acc_t>(sv[u][k]);
-        Cell::template recompute<M>(s, saved_u, next);
-        const bool alive = t0 + u < length;
-#pragma unroll
-        for (int k = 1; k < NS; ++k) {
-          s[k] = alive ? next[k] : s[k];
-          out[(k - 1) * steps * n] = static_cast<scalar_t>(s[k]);
-        }
+        states_step<Cell, M>(s, saved_u, t0 + u < length, out, steps * n);
       }
     }
-  }
-}
-
-// The same recompute with the saved values staged in shared memory: the
-// block's 64 elements (consecutive b S + j) read each step's NV x 64 values
-// as 16-byte cp.async copies (sm_80+) of kStagedSteps steps a stage, with
-// states_stages() stages in flight (48 steps ahead in half types), so the
-// walk's memory latency is hidden by copies rather than by each thread's
-// registers (rnn_states_kernel keeps 16 steps in flight). Same math, order
-// and rounding as rnn_states_kernel. Needs S a multiple of a copy's
-// elements (a copy never straddles two batch rows) and a 16-byte aligned
-// `saved`; the launcher checks both.
-constexpr int kStagedThreads = 64;
-constexpr int kStagedSteps = 16;
-constexpr int kStagedSmemBytes = 48 * 1024;  // no opt-in needed
-
-template <typename Cell, typename scalar_t>
-constexpr int states_stage_bytes() {
-  return kStagedSteps * Cell::kSaved * kStagedThreads * static_cast<int>(sizeof(scalar_t));
-}
-// Stages in flight (at most 4); fewer than 2 means no pipeline: use rnn_states_kernel.
-template <typename Cell, typename scalar_t>
-constexpr int states_stages() {
-  return std::min(4, kStagedSmemBytes / states_stage_bytes<Cell, scalar_t>());
-}
-
-template <typename Cell, typename scalar_t>
-__global__ void __launch_bounds__(kStagedThreads) rnn_states_staged_kernel(
-    const scalar_t* __restrict__ saved,  // (T, B, NV S)
-    const scalar_t* __restrict__ s0,     // (NS - 1, B, S) at k s0_stride + b * s0_ld + j
-    int64_t s0_ld, int64_t s0_stride,
-    const int64_t* __restrict__ lengths,  // (B,) or null
-    scalar_t* __restrict__ states,        // (NS - 1, T, B, S)
-    int64_t steps, int64_t batch, int64_t state) {
-  using acc_t = at::opmath_type<scalar_t>;
-  using M = Activations<false>;
-  constexpr int NS = Cell::kStates, NV = Cell::kSaved;
-  constexpr int P = states_stages<Cell, scalar_t>();
-  static_assert(P >= 2, "the launcher takes rnn_states_kernel where stages do not fit");
-  constexpr int V = 16 / static_cast<int>(sizeof(scalar_t));  // elements a copy
-  constexpr int kChunks = kStagedThreads / V;                 // copies a (step, value) row of the block
-  constexpr int kCopies = kStagedSteps * NV * kChunks;        // copies a stage
-  static_assert(kCopies % kStagedThreads == 0, "every thread issues the same number of copies");
-  constexpr int kMine = kCopies / kStagedThreads;
-  __shared__ __align__(16) scalar_t stage[P][kStagedSteps][NV][kStagedThreads];
-
-  const int64_t n = batch * state;
-  const int64_t saved_step = NV * n;
-  const int64_t e0 = static_cast<int64_t>(blockIdx.x) * kStagedThreads;
-  // This thread's copies of a stage, the same slots in every stage: copy q =
-  // threadIdx.x + i * threads is chunk q % kChunks of value (q / kChunks) %
-  // NV at step q / (kChunks NV) of the stage; its source offset past the
-  // stage's first step, -1 for chunks past the last element.
-  int64_t src[kMine];
-  int dst[kMine];
+  } else {
+    constexpr int P = states_stages<Cell, scalar_t>();
+    static_assert(P >= 2, "the launcher takes the register walk where stages do not fit");
+    constexpr int V = 16 / static_cast<int>(sizeof(scalar_t));  // elements a copy
+    constexpr int kChunks = kStatesThreads / V;                 // copies a (step, value) row of the block
+    constexpr int kCopies = kStagedSteps * NV * kChunks;        // copies a stage
+    static_assert(kCopies % kStatesThreads == 0, "every thread issues the same number of copies");
+    constexpr int kMine = kCopies / kStatesThreads;
+    __shared__ __align__(16) scalar_t stage[P][kStagedSteps][NV][kStatesThreads];
+    // This thread's copies of a stage, the same slots in every stage: copy q =
+    // threadIdx.x + i * threads is chunk q % kChunks of value (q / kChunks) %
+    // NV at step q / (kChunks NV) of the stage; its source offset past the
+    // stage's first step, -1 for chunks past the last element.
+    int64_t src[kMine];
+    int dst[kMine];
 #pragma unroll
-  for (int i = 0; i < kMine; ++i) {
-    const int q = threadIdx.x + i * kStagedThreads;
-    const int c = q % kChunks, k = (q / kChunks) % NV, u = q / (kChunks * NV);
-    const int64_t e = e0 + c * V;
-    const int64_t b = e / state, j = e - b * state;
-    src[i] = e < n ? u * saved_step + b * NV * state + k * state + j : -1;
-    dst[i] = (u * NV + k) * kStagedThreads + c * V;
-  }
-  const int64_t stages = (steps + kStagedSteps - 1) / kStagedSteps;
-  auto issue =
-      [&](int64_t g) {  // stage g's copies into buffer g % P, then one commit group (empty past the end)
-        if (g < stages) {
-          const int64_t t0 = g * kStagedSteps;
-          scalar_t* buf = &stage[g % P][0][0][0];
+    for (int i = 0; i < kMine; ++i) {
+      const int q = threadIdx.x + i * kStatesThreads;
+      const int c = q % kChunks, k = (q / kChunks) % NV, u = q / (kChunks * NV);
+      const int64_t ec = e0 + c * V;
+      const int64_t bc = ec / state, jc = ec - bc * state;
+      src[i] = ec < n ? u * saved_step + bc * NV * state + k * state + jc : -1;
+      dst[i] = (u * NV + k) * kStatesThreads + c * V;
+    }
+    const int64_t stages = (steps + kStagedSteps - 1) / kStagedSteps;
+    auto issue =
+        [&](int64_t g) {  // stage g's copies into buffer g % P, then one commit group (empty past the end)
+          if (g < stages) {
+            const int64_t t0 = g * kStagedSteps;
+            scalar_t* buf = &stage[g % P][0][0][0];
 #pragma unroll
-          for (int i = 0; i < kMine; ++i) {
-            const int u = (threadIdx.x + i * kStagedThreads) / (kChunks * NV);
-            if (src[i] < 0 || t0 + u >= steps) continue;
-            const scalar_t* from = saved + t0 * saved_step + src[i];
+            for (int i = 0; i < kMine; ++i) {
+              const int u = (threadIdx.x + i * kStatesThreads) / (kChunks * NV);
+              if (src[i] < 0 || t0 + u >= steps) continue;
+              const scalar_t* from = saved + t0 * saved_step + src[i];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                             static_cast<uint32_t>(__cvta_generic_to_shared(buf + dst[i]))),
-                         "l"(from)
-                         : "memory");
+              asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                               static_cast<uint32_t>(__cvta_generic_to_shared(buf + dst[i]))),
+                           "l"(from)
+                           : "memory");
 #else
-            *reinterpret_cast<int4*>(buf + dst[i]) = *reinterpret_cast<const int4*>(from);
+              *reinterpret_cast<int4*>(buf + dst[i]) = *reinterpret_cast<const int4*>(from);
 #endif
+            }
           }
-        }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
+          asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
-      };
-
-  const int64_t e = e0 + threadIdx.x;
-  const bool mine = e < n;
-  const int64_t b = mine ? e / state : 0;
-  const int64_t j = mine ? e - b * state : 0;
-  const int64_t length = !mine ? 0 : (lengths == nullptr ? steps : lengths[b]);
-  acc_t s[NS];
-  s[0] = acc_t(0);  // h: not rebuilt
-#pragma unroll
-  for (int k = 1; k < NS; ++k)
-    s[k] = mine ? static_cast<acc_t>(s0[(k - 1) * s0_stride + b * s0_ld + j]) : acc_t(0);
+        };
 
 #pragma unroll
-  for (int g = 0; g < P - 1; ++g) issue(g);
-  scalar_t* out = states + e;
-  for (int64_t g = 0; g < stages; ++g) {
-    issue(g + P - 1);  // into the buffer stage g - 1 used: the barrier below ended its reads
+    for (int g = 0; g < P - 1; ++g) issue(g);
+    for (int64_t g = 0; g < stages; ++g) {
+      issue(g + P - 1);  // into the buffer stage g - 1 used: the barrier below ended its reads
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(P - 1) : "memory");  // this thread's copies of stage g
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(P - 1) : "memory");  // this thread's copies of stage g
 #endif
-    __syncthreads();  // everyone's
-    const int64_t t0 = g * kStagedSteps;
-    const int count = static_cast<int>(std::min<int64_t>(kStagedSteps, steps - t0));
-    if (mine) {
-      const scalar_t* buf = &stage[g % P][0][0][threadIdx.x];
+      __syncthreads();  // everyone's
+      const int64_t t0 = g * kStagedSteps;
+      const int count = static_cast<int>(std::min<int64_t>(kStagedSteps, steps - t0));
+      if (mine) {
+        const scalar_t* buf = &stage[g % P][0][0][threadIdx.x];
 #pragma unroll
-      for (int u = 0; u < kStagedSteps; ++u, out += n) {
-        if (u >= count) break;
-        acc_t saved_u[NV], next[NS];
+        for (int u = 0; u < kStagedSteps; ++u, out += n) {
+          if (u >= count) break;
+          acc_t saved_u[NV];
 #pragma unroll
-        for (int k = 0; k < NV; ++k) saved_u[k] = static_cast<acc_t>(buf[(u * NV + k) * kStagedThreads]);
-        Cell::template recompute<M>(s, saved_u, next);
-        const bool alive = t0 + u < length;
-#pragma unroll
-        for (int k = 1; k < NS; ++k) {
-          s[k] = alive ? next[k] : s[k];
-          out[(k - 1) * steps * n] = static_cast<scalar_t>(s[k]);
+          for (int k = 0; k < NV; ++k) saved_u[k] = static_cast<acc_t>(buf[(u * NV + k) * kStatesThreads]);
+          states_step<Cell, M>(s, saved_u, t0 + u < length, out, steps * n);
         }
       }
+      __syncthreads();  // stage g's buffer is free for stage g + P
     }
-    __syncthreads();  // stage g's buffer is free for stage g + P
   }
 }
 
