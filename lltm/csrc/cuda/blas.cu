@@ -95,45 +95,60 @@ int as_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-}  // namespace
-
-void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool tf32) {
+// cuBLAS's element type and compute type of a dtype's GEMMs.
+struct GemmTypes {
   cudaDataType_t type;
   cublasComputeType_t compute;
+};
+GemmTypes gemm_types(c10::ScalarType dtype) {
   switch (dtype) {
     case c10::ScalarType::Float:
-      type = CUDA_R_32F;
-      compute = CUBLAS_COMPUTE_32F;  // TF32 only through the math mode below
-      break;
+      return {CUDA_R_32F, CUBLAS_COMPUTE_32F};  // TF32 only through the math mode (MathScope)
     case c10::ScalarType::Double:
-      type = CUDA_R_64F;
-      compute = CUBLAS_COMPUTE_64F;
-      break;
+      return {CUDA_R_64F, CUBLAS_COMPUTE_64F};
     case c10::ScalarType::Half:
-      type = CUDA_R_16F;
-      compute = CUBLAS_COMPUTE_32F;
-      break;
+      return {CUDA_R_16F, CUBLAS_COMPUTE_32F};
     case c10::ScalarType::BFloat16:
-      type = CUDA_R_16BF;
-      compute = CUBLAS_COMPUTE_32F;
-      break;
+      return {CUDA_R_16BF, CUBLAS_COMPUTE_32F};
     default:
       TORCH_CHECK(false, "lltm::fused (CUDA): no GEMM for dtype ", dtype);
   }
-  // PyTorch's handle: sets the current stream and the workspace on it.
-  cublasHandle_t handle = own_handle_users > 0 ? own_handle() : at::cuda::getCurrentCUDABlasHandle();
-  // The math mode for these GEMMs (TF32 is a float32 matter), and the
-  // handle's own put back after them.
-  cublasMath_t math_before;
-  check(cublasGetMathMode(handle, &math_before), "cublasGetMathMode");
-  check(cublasSetMathMode(handle, tf32 && dtype == c10::ScalarType::Float ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                                          : CUBLAS_DEFAULT_MATH),
-        "cublasSetMathMode");
-  struct RestoreMath {
-    cublasHandle_t handle;
-    cublasMath_t math;
-    ~RestoreMath() { (void)cublasSetMathMode(handle, math); }
-  } restore{handle, math_before};
+}
+
+// The handle for this call (PyTorch's, on the current stream with its
+// workspace, or lltm's own: OwnBlasHandle) with the math mode of these
+// GEMMs (TF32 is a float32 matter); the handle's own mode is put back when
+// the scope ends.
+class MathScope {
+ public:
+  MathScope(c10::ScalarType dtype, bool tf32)
+      : handle_(own_handle_users > 0 ? own_handle() : at::cuda::getCurrentCUDABlasHandle()) {
+    check(cublasGetMathMode(handle_, &before_), "cublasGetMathMode");
+    check(cublasSetMathMode(handle_, tf32 && dtype == c10::ScalarType::Float ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                                             : CUBLAS_DEFAULT_MATH),
+          "cublasSetMathMode");
+  }
+  ~MathScope() { (void)cublasSetMathMode(handle_, before_); }
+  MathScope(const MathScope&) = delete;
+  MathScope& operator=(const MathScope&) = delete;
+  cublasHandle_t handle() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_;
+  cublasMath_t before_;
+};
+
+void check_gemm(cublasStatus_t status, const char* call, const Gemm& g) {
+  TORCH_CHECK(status == CUBLAS_STATUS_SUCCESS, "lltm::fused (CUDA): ", call,
+              " failed: ", cublas_status_name(status), " (m=", g.m, ", n=", g.n, ", k=", g.k, ")");
+}
+
+}  // namespace
+
+void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool tf32) {
+  const GemmTypes types = gemm_types(dtype);
+  const MathScope scope(dtype, tf32);
+  cublasHandle_t handle = scope.handle();
   const double one_d = 1.0, zero_d = 0.0;
   const float one_f = 1.0f, zero_f = 0.0f;
   const bool is_double = dtype == c10::ScalarType::Double;
@@ -152,14 +167,37 @@ void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool tf32) {
                                large ? kOwnWorkspaceBytes : 0),
             "cublasSetWorkspace");
     }
-    const cublasStatus_t status = cublasGemmEx(
-        handle, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-        as_int(g.n, "n"), as_int(g.m, "m"), as_int(g.k, "k"), alpha, g.b, type, as_int(g.ldb, "ldb"), g.a,
-        type, as_int(g.lda, "lda"), beta, g.c, type, as_int(g.ldc, "ldc"), compute, CUBLAS_GEMM_DEFAULT);
-    TORCH_CHECK(status == CUBLAS_STATUS_SUCCESS,
-                "lltm::fused (CUDA): cublasGemmEx failed: ", cublas_status_name(status), " (m=", g.m,
-                ", n=", g.n, ", k=", g.k, ")");
+    check_gemm(
+        cublasGemmEx(handle, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     as_int(g.n, "n"), as_int(g.m, "m"), as_int(g.k, "k"), alpha, g.b, types.type,
+                     as_int(g.ldb, "ldb"), g.a, types.type, as_int(g.lda, "lda"), beta, g.c, types.type,
+                     as_int(g.ldc, "ldc"), types.compute, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx", g);
   }
+}
+
+void run_gemm_split_k(c10::ScalarType dtype, const Gemm& g, int splits, bool tf32) {
+  TORCH_CHECK(!g.trans_a && !g.trans_b && !g.accumulate && splits > 0 && g.k % splits == 0,
+              "lltm::fused (CUDA): run_gemm_split_k takes untransposed operands, no accumulation and k (",
+              g.k, ") divisible by splits (", splits, ")");
+  if (g.m == 0 || g.n == 0 || g.k == 0) return;
+  const GemmTypes types = gemm_types(dtype);
+  const bool is_double = dtype == c10::ScalarType::Double;
+  const cudaDataType_t acc_type = is_double ? CUDA_R_64F : CUDA_R_32F;
+  const MathScope scope(dtype, tf32);
+  const double one_d = 1.0, zero_d = 0.0;
+  const float one_f = 1.0f, zero_f = 0.0f;
+  const void* alpha = is_double ? static_cast<const void*>(&one_d) : static_cast<const void*>(&one_f);
+  const void* beta = is_double ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
+  const int64_t kc = g.k / splits;
+  // Part s: A's columns [s kc, (s + 1) kc) and B's rows of the same range;
+  // column-major as in run_gemms (B's storage first).
+  check_gemm(cublasGemmStridedBatchedEx(scope.handle(), CUBLAS_OP_N, CUBLAS_OP_N, as_int(g.n, "n"),
+                                        as_int(g.m, "m"), as_int(kc, "k"), alpha, g.b, types.type,
+                                        as_int(g.ldb, "ldb"), kc * g.ldb, g.a, types.type,
+                                        as_int(g.lda, "lda"), kc, beta, g.c, acc_type, as_int(g.ldc, "ldc"),
+                                        g.m * g.ldc, splits, types.compute, CUBLAS_GEMM_DEFAULT),
+             "cublasGemmStridedBatchedEx", g);
 }
 
 void run_gemms_split_tf32(const Gemm* gemms, int count) {

@@ -36,6 +36,14 @@ struct Gemm {
 // accumulate unset, C must be cleared by the caller.
 void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool tf32);
 
+// One GEMM (untransposed, no accumulation) with its k range in `splits`
+// equal parts (k % splits == 0), each part's product written apart in the
+// accumulation type (float; double for float64): C + s m ldc (s < splits)
+// = A[:, s k/splits, (s + 1) k/splits) B[the same rows, :], one strided-
+// batched call. A split-K GEMM whose sum the caller's next kernel adds:
+// cuBLAS's own split-K ends every call with a reduction kernel of its own.
+void run_gemm_split_k(c10::ScalarType dtype, const Gemm& g, int splits, bool tf32);
+
 // float32 GEMMs as 3xTF32: each operand X split into big = tf32(X) and
 // small = tf32(X - big) (together 22 of float32's 24 significant bits), and
 // C = A_big B_small + A_small B_big + A_big B_big (+ C) as three TF32 GEMMs
