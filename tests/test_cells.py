@@ -457,6 +457,34 @@ def test_cuda_paths_match_reference(monkeypatch, torch_settings, cell, path, dot
         assert rel_err(g, w) <= tol, f"result {k}: {rel_err(g, w):.2e}"
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("splits", ["1", "3", "8"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16], ids=["float64", "float16"])
+@pytest.mark.parametrize("cell", SEAM, ids=lambda c: c.name)
+def test_loop_backward_in_parts_of_k(monkeypatch, cell, dtype, splits):
+    """The backward step loop's GEMM of a step in LLTM_SEQ_LOOP_SPLITS parts of k, which the next step's
+    kernel adds (1: one GEMM accumulating into dh), with lengths and the initial states' gradients (the
+    last parts are added after the loop): float64 matches the reference, float16 stays within 2x the
+    python backend's float16 error."""
+    monkeypatch.setenv("LLTM_SEQ_PATH", "loop")
+    monkeypatch.setenv("LLTM_SEQ_LOOP_SPLITS", splits)
+    T, B, I, S = 9, 6, 5, 24  # k = G S = 72 or 96: 3 and 8 divide both
+    args = make_layer(cell, T, B, I, S, device="cuda", seed=int(splits))
+    lengths = torch.tensor([9, 0, 4, 8, 1, 9], device="cuda")
+    exact = outputs_and_grads(reference(cell), _cpu(args), lengths.cpu())
+    low = [
+        t.to(dtype) if torch.is_tensor(t) else (tuple(s.to(dtype) for s in t) if isinstance(t, tuple) else t)
+        for t in args
+    ]
+    got = outputs_and_grads(run(cell, "fused"), low, lengths)
+    plain = outputs_and_grads(reference(cell), low, lengths) if dtype != torch.float64 else None
+    for k, (g, e) in enumerate(zip(got, exact)):
+        assert torch.isfinite(g).all(), f"result {k}: unwritten or non-finite elements"
+        bound = 1e-12 if plain is None else 2 * rel_err(plain[k], e) + 1e-6
+        assert rel_err(g, e) <= bound, f"result {k}: {rel_err(g, e):.2e} (bound {bound:.2e})"
+
+
 def test_torch_func_names_the_python_backend():
     """torch.func over the cells' compiled operators is refused with an error naming backend='python',
     which supports it (per-sample gradients below)."""

@@ -221,6 +221,11 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
   const at::Tensor g_out = from.grad_output;
   const unsigned int blocks = pointwise_blocks(n, a.input.get_device());
   const bool tf32 = tf32_products(true);
+  // The step's GEMM d h_{t-1} += dzh_t W_hh in `splits` parts of k, which the
+  // next step's kernel adds (seq_plan.h), or one GEMM into dh.
+  const int splits = loop_dh_splits(B, S, GS, sm_count(a.input.get_device()));
+  at::Tensor dh_parts =
+      splits > 1 ? at::empty({splits, B, S}, options.dtype(at::toOpMathType(dtype))) : at::Tensor();
   GraphKey key = {1,
                   cell_key<Cell>(),
                   static_cast<int64_t>(dtype),
@@ -230,12 +235,13 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
                   w_hh.ld,
                   state0[0].ld,
                   want_state,
-                  tf32_products(/*backward=*/true)};
-  for (const void* p :
-       {static_cast<const void*>(dh.const_data_ptr()), ptr_or_null(g_out), ds.const_data_ptr(),
-        saved.const_data_ptr(), output.const_data_ptr(), state0[0].tensor.const_data_ptr(),
-        ptr_or_null(states), NS > 1 ? state0[NS - 1].tensor.const_data_ptr() : nullptr,
-        ptr_or_null(a.lengths), dzx.const_data_ptr(), ptr_or_null(dzh), static_cast<const void*>(w_ptr)}) {
+                  tf32_products(/*backward=*/true),
+                  splits};
+  for (const void* p : {static_cast<const void*>(dh.const_data_ptr()), ptr_or_null(dh_parts),
+                        ptr_or_null(g_out), ds.const_data_ptr(), saved.const_data_ptr(),
+                        output.const_data_ptr(), state0[0].tensor.const_data_ptr(), ptr_or_null(states),
+                        NS > 1 ? state0[NS - 1].tensor.const_data_ptr() : nullptr, ptr_or_null(a.lengths),
+                        dzx.const_data_ptr(), ptr_or_null(dzh), static_cast<const void*>(w_ptr)}) {
     key_add(key, p);
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "lltm_fused_rnn_backward", [&] {
@@ -245,12 +251,15 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
       scalar_t* dh_base = dh.mutable_data_ptr<scalar_t>();
       StepBackward<scalar_t> p{};
       p.ds = ds.mutable_data_ptr<acc_t>();
+      acc_t* parts = splits > 1 ? dh_parts.mutable_data_ptr<acc_t>() : nullptr;
+      p.dh_parts = parts;
       p.lengths = a.lengths.defined() ? a.lengths.const_data_ptr<int64_t>() : nullptr;
       p.batch = B;
       p.state = S;
       for (int64_t t = T - 1; t >= 0; --t) {
         p.dh = dh_base + ((t + 1) % 2) * n;
         p.dh_out = dh_base + (t % 2) * n;
+        p.dh_splits = splits > 1 && t < T - 1 ? splits : 0;  // the parts of step t + 1's GEMM
         p.grad_out = g_out.defined() ? g_out.const_data_ptr<scalar_t>() + t * n : nullptr;
         p.saved = saved.const_data_ptr<scalar_t>() + t * B * NV * S;
         p.output_t = output.const_data_ptr<scalar_t>() + t * n;
@@ -271,14 +280,22 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
         C10_CUDA_KERNEL_LAUNCH_CHECK();
         if (t > 0 || want_state) {
           // d h_{t-1} += dzh_t W_hh: (B, S) = (B, G S) (G S, S)
-          const Gemm recurrent = {false, false, B, S, GS, dzh_t, GS, w_ptr, w_hh.ld, true, p.dh_out, S};
-          run_gemms(dtype, &recurrent, 1, tf32);
+          if (splits > 1) {
+            const Gemm recurrent = {false, false, B, S, GS, dzh_t, GS, w_ptr, w_hh.ld, false, parts, S};
+            run_gemm_split_k(dtype, recurrent, splits, tf32);
+          } else {
+            const Gemm recurrent = {false, false, B, S, GS, dzh_t, GS, w_ptr, w_hh.ld, true, p.dh_out, S};
+            run_gemms(dtype, &recurrent, 1, tf32);
+          }
         }
       }
     });
   });
   if (want_state) {
-    grad_state0[0].copy_(dh[0]);  // step 0 wrote dh[0]
+    // step 0 wrote dh[0], and its GEMM the parts where there are some
+    at::Tensor dh0 = dh[0];
+    if (splits > 1) dh0 = dh_parts.sum(0).add_(dh0);
+    grad_state0[0].copy_(dh0);
     for (int k = 1; k < NS; ++k) grad_state0[k].copy_(ds[k - 1]);
   }
 }

@@ -99,6 +99,8 @@ template <typename scalar_t>
 struct StepBackward {
   using acc_t = at::opmath_type<scalar_t>;
   const scalar_t* dh;        // (B, S): the carried gradient of h_t (without the output's)
+  const acc_t* dh_parts;     // (dh_splits, B, S): the parts of dh_t's product with W_hh
+  int dh_splits;             //   still to add (loop_dh_splits), or 0
   const scalar_t* grad_out;  // (B, S) or null
   acc_t* ds;                 // (NS - 1, B, S), in/out: the other states' carried gradients
                              //   (float for half types: carried over all T steps)
@@ -111,7 +113,8 @@ struct StepBackward {
   int64_t s_ld, s_stride;
   scalar_t* dzx;           // (B, G S)
   scalar_t* dzh;           // (B, G S) for cells with kSplit, else null
-  scalar_t* dh_out;        // (B, S): the cell's direct d h_{t-1} (the GEMM adds dzh W_hh),
+  scalar_t* dh_out;        // (B, S): the cell's direct d h_{t-1} (the GEMM adds dzh W_hh, or
+                           //   writes its parts to dh_parts),
                            //   or the carried dh past a row's length
   const int64_t* lengths;  // (B,) or null
   int64_t t, batch, state;
@@ -130,7 +133,8 @@ __global__ void __launch_bounds__(kSeqPointwiseThreads)
     const int64_t j = e - b * S;
     scalar_t* dx = p.dzx + b * G * S + j;
     scalar_t* dq = Cell::kSplit ? p.dzh + b * G * S + j : nullptr;
-    const acc_t dh = static_cast<acc_t>(p.dh[e]);
+    acc_t dh = static_cast<acc_t>(p.dh[e]);
+    for (int s = 0; s < p.dh_splits; ++s) dh += p.dh_parts[s * n + e];
     if (!row_active(p.lengths, b, p.t)) {
       // The output is a constant 0 here: its gradient does not count.
 #pragma unroll

@@ -414,12 +414,23 @@ void set_cost(const Problem& p, const DeviceLimits& d, Plan& plan) {
 
 std::string plan_environment() {
   std::string env;
-  for (const char* name :
-       {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP", "LLTM_SEQ_DOT", "LLTM_SEQ_MULTICAST"}) {
+  for (const char* name : {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP", "LLTM_SEQ_DOT",
+                           "LLTM_SEQ_MULTICAST", "LLTM_SEQ_LOOP_SPLITS"}) {
     const char* v = std::getenv(name);
     env += std::string(v == nullptr ? "" : v) + ";";
   }
   return env;
+}
+
+int loop_dh_splits(int64_t batch, int64_t state, int64_t k, int sms) {
+  int splits = read_size("LLTM_SEQ_LOOP_SPLITS", 1, 8);
+  if (splits == 0) {
+    const int64_t tiles = ceil_div(batch, 64) * ceil_div(state, 64);
+    splits = 1;
+    while (splits < 4 && tiles * splits * 2 <= sms && k / (splits * 2) >= 256) splits *= 2;
+  }
+  while (splits > 1 && k % splits != 0) --splits;
+  return splits;
 }
 
 const char* path_name(SeqPath path) {

@@ -168,9 +168,20 @@ Decision plan_time_loop(const Problem& problem, const DeviceLimits& device, cons
 std::string describe(const Problem& problem, const Decision& decision);
 
 // The values of the settings above that change a plan (LLTM_SEQ_PATH,
-// _CLUSTER, _GROUP, _DOT and _MULTICAST, each followed by ';'): part of
-// every cache key of a plan, in the process and in the tuner's file.
+// _CLUSTER, _GROUP, _DOT, _MULTICAST and _LOOP_SPLITS, each followed by
+// ';'): part of every cache key of a plan, in the process and in the
+// tuner's file.
 std::string plan_environment();
+
+// The parts of k in the backward step loop's GEMM of a step, d h_{t-1} =
+// dzh_t W_hh ((B, S) = (B, k) (k, S), k = G S): each part's product lands
+// apart in float and the next step's pointwise kernel adds them (rnn_cuda.cuh's
+// backward_loop), where cuBLAS would split k itself and reduce with a kernel
+// of its own, a launch a step. LLTM_SEQ_LOOP_SPLITS=N where set (1: one GEMM
+// accumulating into dh, as cuBLAS chooses); else as many parts as keep
+// 64 x 64 tiles of (B, S) times the parts within one wave of the `sms` SMs,
+// up to 4, each part at least 256 long. Always a divisor of k.
+int loop_dh_splits(int64_t batch, int64_t state, int64_t k, int sms);
 
 }  // namespace cuda_detail
 }  // namespace lltm
