@@ -31,20 +31,21 @@ from lltm import cells as lltm_cells
 from lltm.bench import cases, timing
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
-# name -> (LLTM_SEQ_PATH, LLTM_SEQ_CLUSTER, LLTM_SEQ_DOT); "auto" is the planner's pick.
+# name -> (LLTM_SEQ_PATH, LLTM_SEQ_CLUSTER, LLTM_SEQ_DOT, LLTM_SEQ_LOOP_SPLITS); "auto" is the planner's pick.
 PATHS = {
-    "cluster4": ("cluster", "4", "fma"),
-    "cluster8": ("cluster", "8", "fma"),
-    "cluster16": ("cluster", "16", "fma"),
-    "cluster-fma": ("cluster", None, "fma"),
-    "cluster-smem": ("cluster", None, "fma-smem"),  # the FMA dot with W_h in shared memory
-    "cluster-mma": ("cluster", None, "mma"),
-    "grid": ("grid", None, "fma"),
-    "grid-smem": ("grid", None, "fma-smem"),
-    "grid-mma": ("grid", None, "mma"),
-    "loop": ("loop", None, None),
-    "nocluster": ("grid,loop", None, None),  # what a GPU without clusters gets
-    "auto": (None, None, None),
+    "cluster4": ("cluster", "4", "fma", None),
+    "cluster8": ("cluster", "8", "fma", None),
+    "cluster16": ("cluster", "16", "fma", None),
+    "cluster-fma": ("cluster", None, "fma", None),
+    "cluster-smem": ("cluster", None, "fma-smem", None),  # the FMA dot with W_h in shared memory
+    "cluster-mma": ("cluster", None, "mma", None),
+    "grid": ("grid", None, "fma", None),
+    "grid-smem": ("grid", None, "fma-smem", None),
+    "grid-mma": ("grid", None, "mma", None),
+    "loop": ("loop", None, None, None),
+    "loop-k1": ("loop", None, None, "1"),  # the backward's GEMM of a step as one call, cuBLAS's split of k
+    "nocluster": ("grid,loop", None, None, None),  # what a GPU without clusters gets
+    "auto": (None, None, None, None),
 }
 # Per-step barrier latency of the persistent paths and a graph node's floor
 # for the loop (µs, H100: docs/benchmarks-history.md).
@@ -52,8 +53,13 @@ BARRIER_US = {"cluster": 0.9, "grid": 1.1, "loop": 2.6}
 
 
 def _set_path(name: str) -> None:
-    path, cluster, dot = PATHS[name]
-    for var, value in (("LLTM_SEQ_PATH", path), ("LLTM_SEQ_CLUSTER", cluster), ("LLTM_SEQ_DOT", dot)):
+    path, cluster, dot, splits = PATHS[name]
+    for var, value in (
+        ("LLTM_SEQ_PATH", path),
+        ("LLTM_SEQ_CLUSTER", cluster),
+        ("LLTM_SEQ_DOT", dot),
+        ("LLTM_SEQ_LOOP_SPLITS", splits),
+    ):
         if value is None:
             os.environ.pop(var, None)
         else:
