@@ -15,8 +15,9 @@
 //
 // Backward: the states other than h are rebuilt from the saved values (one
 // kernel), then the reverse-time loop (persistent kernel, or per step one
-// pointwise kernel and one GEMM d h_{t-1} += dzh_t W_hh) writes dzx and dzh
-// of every step; after it, over all T*B rows at once:
+// pointwise kernel and one GEMM d h_{t-1} += dzh_t W_hh, whose parts of k
+// the next step's kernel adds where the planner splits k: loop_dh_splits)
+// writes dzx and dzh of every step; after it, over all T*B rows at once:
 //   grad_input = dzx W_ih,  grad_W_ih = dzx^T x,  grad_b_ih = column sums of dzx
 //   grad_W_hh  = dzh_0^T h0 + dzh_{1:}^T output_{:-1}  (h_{t-1} is the previous
 //                output on every row whose dzh is not 0),  grad_b_hh = sums of dzh
