@@ -398,7 +398,7 @@ def test_loop_replays_its_graph(monkeypatch, graphs, lengths):
 
 def test_bad_settings_are_clear_errors(monkeypatch):
     """A wrong LLTM_SEQ_PATH / LLTM_SEQ_CLUSTER / LLTM_SEQ_GROUP /
-    LLTM_SEQ_DOT names the setting and its values; the tensor-core dot
+    LLTM_SEQ_LOOP_SPLITS / LLTM_SEQ_DOT names the setting and its values; the tensor-core dot
     forced for float64 says it has none."""
     args = make_seq(2, 2, 3, 4, device="cuda", dtype=torch.float32, requires_grad=False)
     for value in ("fast", "grid,fast", ","):
@@ -406,7 +406,12 @@ def test_bad_settings_are_clear_errors(monkeypatch):
         with pytest.raises(RuntimeError, match=f"LLTM_SEQ_PATH={value} (is not a sequence path|names no)"):
             functional.lltm(*args, backend="fused")
     monkeypatch.delenv("LLTM_SEQ_PATH")
-    for name, value in (("LLTM_SEQ_CLUSTER", "40"), ("LLTM_SEQ_CLUSTER", "two"), ("LLTM_SEQ_GROUP", "0")):
+    for name, value in (
+        ("LLTM_SEQ_CLUSTER", "40"),
+        ("LLTM_SEQ_CLUSTER", "two"),
+        ("LLTM_SEQ_GROUP", "0"),
+        ("LLTM_SEQ_LOOP_SPLITS", "9"),
+    ):
         monkeypatch.setenv(name, value)
         with pytest.raises(RuntimeError, match=f"{name}={value} must be a whole number"):
             functional.lltm(*args, backend="fused")

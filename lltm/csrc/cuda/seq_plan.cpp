@@ -70,6 +70,9 @@ Allowed read_environment() {
   a.cluster_size = read_size("LLTM_SEQ_CLUSTER", 1, 16);
   a.grid_group = read_size("LLTM_SEQ_GROUP", 1, 1 << 16);
   a.multicast = read_size("LLTM_SEQ_MULTICAST", 1, 8);
+  // Used by the step loop's backward (loop_dh_splits), checked on every plan:
+  // a wrong value is an error whichever path then runs.
+  (void)read_size("LLTM_SEQ_LOOP_SPLITS", 1, 8);
   TORCH_CHECK((a.multicast & (a.multicast - 1)) == 0, "LLTM_SEQ_MULTICAST=", a.multicast,
               " is not a cluster size of the grid path's multicast reload: use 1 (none), 2, 4 or 8, or "
               "leave it unset");
