@@ -107,6 +107,14 @@ def test_layer_matches_reference_float64(cell, device, backend, shape):
         assert rel_err(g, w) <= 1e-12, f"result {k}: {rel_err(g, w):.2e}"
 
 
+def _cast(args, dtype):
+    """make_layer's arguments in another dtype (None and the state tuple kept as they are)."""
+    return [
+        t.to(dtype) if torch.is_tensor(t) else (tuple(s.to(dtype) for s in t) if isinstance(t, tuple) else t)
+        for t in args
+    ]
+
+
 def _cpu(args):
     x, w_ih, w_hh, b_ih, b_hh, state = args
     cpu = [t.cpu() if t is not None else None for t in (x, w_ih, w_hh, b_ih, b_hh)]
@@ -359,10 +367,7 @@ def test_half_precision_within_twice_plain_pytorch(cell, device, backend, dtype)
     (both against float64), with lengths, at T = 50."""
     args = make_layer(cell, 50, 6, 16, 32, device=device, seed=9)
     lengths = torch.tensor([50, 0, 17, 49, 1, 33], device=device)
-    low = [
-        t.to(dtype) if torch.is_tensor(t) else (tuple(s.to(dtype) for s in t) if isinstance(t, tuple) else t)
-        for t in args
-    ]
+    low = _cast(args, dtype)
     got = outputs_and_grads(run(cell, backend), low, lengths)
     plain = outputs_and_grads(reference(cell), low, lengths)
     exact = outputs_and_grads(reference(cell), args, lengths)
@@ -473,10 +478,7 @@ def test_loop_backward_in_parts_of_k(monkeypatch, cell, dtype, splits):
     args = make_layer(cell, T, B, I, S, device="cuda", seed=int(splits))
     lengths = torch.tensor([9, 0, 4, 8, 1, 9], device="cuda")
     exact = outputs_and_grads(reference(cell), _cpu(args), lengths.cpu())
-    low = [
-        t.to(dtype) if torch.is_tensor(t) else (tuple(s.to(dtype) for s in t) if isinstance(t, tuple) else t)
-        for t in args
-    ]
+    low = _cast(args, dtype)
     got = outputs_and_grads(run(cell, "fused"), low, lengths)
     plain = outputs_and_grads(reference(cell), low, lengths) if dtype != torch.float64 else None
     for k, (g, e) in enumerate(zip(got, exact)):

@@ -95,21 +95,26 @@ int as_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// cuBLAS's element type and compute type of a dtype's GEMMs.
+// cuBLAS's types of a dtype's GEMMs: the elements', the accumulation's
+// (and its alpha and beta: 1 and 0 in that type) and the compute type.
+constexpr float kOneF = 1.0f, kZeroF = 0.0f;
+constexpr double kOneD = 1.0, kZeroD = 0.0;
 struct GemmTypes {
-  cudaDataType_t type;
+  cudaDataType_t type, acc;
   cublasComputeType_t compute;
+  const void* one;
+  const void* zero;
 };
 GemmTypes gemm_types(c10::ScalarType dtype) {
   switch (dtype) {
-    case c10::ScalarType::Float:
-      return {CUDA_R_32F, CUBLAS_COMPUTE_32F};  // TF32 only through the math mode (MathScope)
+    case c10::ScalarType::Float:  // TF32 only through the math mode (MathScope)
+      return {CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F, &kOneF, &kZeroF};
     case c10::ScalarType::Double:
-      return {CUDA_R_64F, CUBLAS_COMPUTE_64F};
+      return {CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, &kOneD, &kZeroD};
     case c10::ScalarType::Half:
-      return {CUDA_R_16F, CUBLAS_COMPUTE_32F};
+      return {CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, &kOneF, &kZeroF};
     case c10::ScalarType::BFloat16:
-      return {CUDA_R_16BF, CUBLAS_COMPUTE_32F};
+      return {CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, &kOneF, &kZeroF};
     default:
       TORCH_CHECK(false, "lltm::fused (CUDA): no GEMM for dtype ", dtype);
   }
@@ -149,30 +154,23 @@ void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool tf32) {
   const GemmTypes types = gemm_types(dtype);
   const MathScope scope(dtype, tf32);
   cublasHandle_t handle = scope.handle();
-  const double one_d = 1.0, zero_d = 0.0;
-  const float one_f = 1.0f, zero_f = 0.0f;
-  const bool is_double = dtype == c10::ScalarType::Double;
   for (int i = 0; i < count; ++i) {
     const Gemm& g = gemms[i];
     if (g.m == 0 || g.n == 0 || g.k == 0) continue;
     // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS gets (n x m)
     // C^T from B's storage as its first operand and A's as its second.
-    const void* alpha = is_double ? static_cast<const void*>(&one_d) : static_cast<const void*>(&one_f);
-    const void* beta =
-        g.accumulate ? alpha
-                     : (is_double ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f));
     if (own_handle_users > 0) {
       const bool large = g.m * g.n * g.k >= kOwnWorkspaceMinMacs;
       check(cublasSetWorkspace(handle, large ? own_workspace(c10::cuda::current_device()) : nullptr,
                                large ? kOwnWorkspaceBytes : 0),
             "cublasSetWorkspace");
     }
-    check_gemm(
-        cublasGemmEx(handle, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                     as_int(g.n, "n"), as_int(g.m, "m"), as_int(g.k, "k"), alpha, g.b, types.type,
-                     as_int(g.ldb, "ldb"), g.a, types.type, as_int(g.lda, "lda"), beta, g.c, types.type,
-                     as_int(g.ldc, "ldc"), types.compute, CUBLAS_GEMM_DEFAULT),
-        "cublasGemmEx", g);
+    check_gemm(cublasGemmEx(handle, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(g.n, "n"), as_int(g.m, "m"),
+                            as_int(g.k, "k"), types.one, g.b, types.type, as_int(g.ldb, "ldb"), g.a,
+                            types.type, as_int(g.lda, "lda"), g.accumulate ? types.one : types.zero, g.c,
+                            types.type, as_int(g.ldc, "ldc"), types.compute, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx", g);
   }
 }
 
@@ -182,21 +180,15 @@ void run_gemm_split_k(c10::ScalarType dtype, const Gemm& g, int splits, bool tf3
               g.k, ") divisible by splits (", splits, ")");
   if (g.m == 0 || g.n == 0 || g.k == 0) return;
   const GemmTypes types = gemm_types(dtype);
-  const bool is_double = dtype == c10::ScalarType::Double;
-  const cudaDataType_t acc_type = is_double ? CUDA_R_64F : CUDA_R_32F;
   const MathScope scope(dtype, tf32);
-  const double one_d = 1.0, zero_d = 0.0;
-  const float one_f = 1.0f, zero_f = 0.0f;
-  const void* alpha = is_double ? static_cast<const void*>(&one_d) : static_cast<const void*>(&one_f);
-  const void* beta = is_double ? static_cast<const void*>(&zero_d) : static_cast<const void*>(&zero_f);
   const int64_t kc = g.k / splits;
   // Part s: A's columns [s kc, (s + 1) kc) and B's rows of the same range;
   // column-major as in run_gemms (B's storage first).
-  check_gemm(cublasGemmStridedBatchedEx(scope.handle(), CUBLAS_OP_N, CUBLAS_OP_N, as_int(g.n, "n"),
-                                        as_int(g.m, "m"), as_int(kc, "k"), alpha, g.b, types.type,
-                                        as_int(g.ldb, "ldb"), kc * g.ldb, g.a, types.type,
-                                        as_int(g.lda, "lda"), kc, beta, g.c, acc_type, as_int(g.ldc, "ldc"),
-                                        g.m * g.ldc, splits, types.compute, CUBLAS_GEMM_DEFAULT),
+  check_gemm(cublasGemmStridedBatchedEx(
+                 scope.handle(), CUBLAS_OP_N, CUBLAS_OP_N, as_int(g.n, "n"), as_int(g.m, "m"),
+                 as_int(kc, "k"), types.one, g.b, types.type, as_int(g.ldb, "ldb"), kc * g.ldb, g.a,
+                 types.type, as_int(g.lda, "lda"), kc, types.zero, g.c, types.acc, as_int(g.ldc, "ldc"),
+                 g.m * g.ldc, splits, types.compute, CUBLAS_GEMM_DEFAULT),
              "cublasGemmStridedBatchedEx", g);
 }
 
