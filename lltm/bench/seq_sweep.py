@@ -43,10 +43,8 @@ PATHS = {
     "grid-smem": ("grid", None, "fma-smem", None),
     "grid-mma": ("grid", None, "mma", None),
     "loop": ("loop", None, None, None),
-    "loop-k1": ("loop", None, None, "1"),  # the backward's GEMM of a step as one call, cuBLAS's split of k
-    "loop-k2": ("loop", None, None, "2"),  # ... in 2, 3 or 4 parts of k (loop_dh_splits' choices)
-    "loop-k3": ("loop", None, None, "3"),
-    "loop-k4": ("loop", None, None, "4"),
+    # the backward's GEMM of a step in N parts of k (1: one call, cuBLAS's own split of k)
+    **{f"loop-k{n}": ("loop", None, None, str(n)) for n in (1, 2, 3, 4)},
     "nocluster": ("grid,loop", None, None, None),  # what a GPU without clusters gets
     "auto": (None, None, None, None),
 }
