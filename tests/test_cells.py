@@ -487,6 +487,44 @@ def test_loop_backward_in_parts_of_k(monkeypatch, cell, dtype, splits):
         assert rel_err(g, e) <= bound, f"result {k}: {rel_err(g, e):.2e} (bound {bound:.2e})"
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("splits", ["1", "3"])
+@pytest.mark.parametrize("path", ["loop", None], ids=["loop", "auto"])
+@pytest.mark.parametrize("cell", SEAM, ids=lambda c: c.name)
+def test_tf32_backward_k_major(monkeypatch, torch_settings, cell, path, splits):
+    """TF32's backward GEMMs from K-major copies of their operands (LLTM_TF32_K_MAJOR=N forces them at any
+    size: W_hh^T for the step loop's GEMMs, whole or in parts of k, and the weight gradients' copies in
+    chunks of N rows, 5 here, across the boundary of h0's rows and the outputs'): the same products read
+    in another order, so every result stays within 2x the python backend's TF32 error of float64, and as
+    close to the run without them. A wrong value is an error naming the setting."""
+    torch_settings.set(matmul_tf32=True)
+    if path is not None:
+        monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    monkeypatch.setenv("LLTM_SEQ_LOOP_SPLITS", splits)
+    T, B, I, S = 9, 6, 5, 24  # k = G S = 72 or 96: 3 divides both
+    args = make_layer(cell, T, B, I, S, device="cuda", seed=7)
+    lengths = torch.tensor([9, 0, 4, 8, 1, 9], device="cuda")
+    exact = outputs_and_grads(reference(cell), _cpu(args), lengths.cpu())
+    low = _cast(args, torch.float32)
+    plain = outputs_and_grads(reference(cell), low, lengths)
+    got = {}
+    for setting in ("0", "5", "1000"):
+        monkeypatch.setenv("LLTM_TF32_K_MAJOR", setting)
+        got[setting] = outputs_and_grads(run(cell, "fused"), low, lengths)
+    for k, e in enumerate(exact):
+        bound = 2 * rel_err(plain[k], e) + 1e-6
+        for setting, results in got.items():
+            g = results[k]
+            assert torch.isfinite(g).all(), f"LLTM_TF32_K_MAJOR={setting}, result {k}: non-finite elements"
+            assert rel_err(g, e) <= bound, f"{setting}, result {k}: {rel_err(g, e):.2e} (bound {bound:.2e})"
+        for setting in ("5", "1000"):
+            assert rel_err(got[setting][k], got["0"][k]) <= bound, f"{setting} against 0, result {k}"
+    monkeypatch.setenv("LLTM_TF32_K_MAJOR", "some")
+    with pytest.raises(RuntimeError, match="LLTM_TF32_K_MAJOR=some must be 0"):
+        outputs_and_grads(run(cell, "fused"), low, lengths)
+
+
 def test_torch_func_names_the_python_backend():
     """torch.func over the cells' compiled operators is refused with an error naming backend='python',
     which supports it (per-sample gradients below)."""

@@ -175,21 +175,48 @@ void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool tf32) {
 }
 
 void run_gemm_split_k(c10::ScalarType dtype, const Gemm& g, int splits, bool tf32) {
-  TORCH_CHECK(!g.trans_a && !g.trans_b && !g.accumulate && splits > 0 && g.k % splits == 0,
-              "lltm::fused (CUDA): run_gemm_split_k takes untransposed operands, no accumulation and k (",
-              g.k, ") divisible by splits (", splits, ")");
+  TORCH_CHECK(!g.accumulate && splits > 0 && g.k % splits == 0,
+              "lltm::fused (CUDA): run_gemm_split_k takes no accumulation and k (", g.k,
+              ") divisible by splits (", splits, ")");
   if (g.m == 0 || g.n == 0 || g.k == 0) return;
   const GemmTypes types = gemm_types(dtype);
   const MathScope scope(dtype, tf32);
   const int64_t kc = g.k / splits;
-  // Part s: A's columns [s kc, (s + 1) kc) and B's rows of the same range;
-  // column-major as in run_gemms (B's storage first).
-  check_gemm(cublasGemmStridedBatchedEx(
-                 scope.handle(), CUBLAS_OP_N, CUBLAS_OP_N, as_int(g.n, "n"), as_int(g.m, "m"),
-                 as_int(kc, "k"), types.one, g.b, types.type, as_int(g.ldb, "ldb"), kc * g.ldb, g.a,
-                 types.type, as_int(g.lda, "lda"), kc, types.zero, g.c, types.acc, as_int(g.ldc, "ldc"),
-                 g.m * g.ldc, splits, types.compute, CUBLAS_GEMM_DEFAULT),
+  // Part s: op(A)'s columns [s kc, (s + 1) kc) and op(B)'s rows of the same
+  // range: in A's storage columns (rows where transposed), in B's rows
+  // (columns where transposed); column-major as in run_gemms (B's storage first).
+  const int64_t stride_a = g.trans_a ? kc * g.lda : kc, stride_b = g.trans_b ? kc : kc * g.ldb;
+  check_gemm(cublasGemmStridedBatchedEx(scope.handle(), g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                        g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(g.n, "n"),
+                                        as_int(g.m, "m"), as_int(kc, "k"), types.one, g.b, types.type,
+                                        as_int(g.ldb, "ldb"), stride_b, g.a, types.type, as_int(g.lda, "lda"),
+                                        stride_a, types.zero, g.c, types.acc, as_int(g.ldc, "ldc"),
+                                        g.m * g.ldc, splits, types.compute, CUBLAS_GEMM_DEFAULT),
              "cublasGemmStridedBatchedEx", g);
+}
+
+void transpose(c10::ScalarType dtype, int64_t rows, int64_t cols, const void* a, int64_t lda, void* c,
+               int64_t ldc) {
+  if (rows == 0 || cols == 0) return;
+  const MathScope scope(dtype, false);
+  // Row-major A (rows x cols) is column-major (cols x rows), and row-major C
+  // (cols x rows) column-major (rows x cols): C = op(A) with op = T. B is
+  // not read (beta = 0); C stands in for it, as geam allows in place.
+  const int m = as_int(rows, "rows"), n = as_int(cols, "cols"), la = as_int(lda, "lda"),
+            lc = as_int(ldc, "ldc");
+  cublasStatus_t status;
+  if (dtype == c10::ScalarType::Float) {
+    status = cublasSgeam(scope.handle(), CUBLAS_OP_T, CUBLAS_OP_N, m, n, &kOneF, static_cast<const float*>(a),
+                         la, &kZeroF, static_cast<float*>(c), lc, static_cast<float*>(c), lc);
+  } else {
+    TORCH_CHECK(dtype == c10::ScalarType::Double, "lltm::fused (CUDA): no transpose for dtype ", dtype);
+    status =
+        cublasDgeam(scope.handle(), CUBLAS_OP_T, CUBLAS_OP_N, m, n, &kOneD, static_cast<const double*>(a), la,
+                    &kZeroD, static_cast<double*>(c), lc, static_cast<double*>(c), lc);
+  }
+  TORCH_CHECK(status == CUBLAS_STATUS_SUCCESS,
+              "lltm::fused (CUDA): cublas geam (transpose) failed: ", cublas_status_name(status),
+              " (rows=", rows, ", cols=", cols, ")");
 }
 
 void run_gemms_split_tf32(const Gemm* gemms, int count) {

@@ -36,13 +36,19 @@ struct Gemm {
 // accumulate unset, C must be cleared by the caller.
 void run_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool tf32);
 
-// One GEMM (untransposed, no accumulation) with its k range in `splits`
-// equal parts (k % splits == 0), each part's product written apart in the
-// accumulation type (float; double for float64): C + s m ldc (s < splits)
-// = A[:, s k/splits, (s + 1) k/splits) B[the same rows, :], one strided-
-// batched call. A split-K GEMM whose sum the caller's next kernel adds:
-// cuBLAS's own split-K ends every call with a reduction kernel of its own.
+// One GEMM (no accumulation) with its k range in `splits` equal parts
+// (k % splits == 0), each part's product written apart in the accumulation
+// type (float; double for float64): C + s m ldc (s < splits) = op(A)[:,
+// part s] op(B)[part s, :], one strided-batched call. A split-K GEMM whose
+// sum the caller's next kernel adds: cuBLAS's own split-K ends every call
+// with a reduction kernel of its own.
 void run_gemm_split_k(c10::ScalarType dtype, const Gemm& g, int splits, bool tf32);
+
+// C (cols x rows, ldc) = A^T for a row-major A (rows x cols, lda), float32
+// or float64 (cuBLAS's geam; C must not overlap A). For the TF32 GEMMs that
+// read their operands K-major (rnn_cuda.cuh).
+void transpose(c10::ScalarType dtype, int64_t rows, int64_t cols, const void* a, int64_t lda, void* c,
+               int64_t ldc);
 
 // float32 GEMMs as 3xTF32: each operand X split into big = tf32(X) and
 // small = tf32(X - big) (together 22 of float32's 24 significant bits), and

@@ -36,8 +36,10 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <string_view>
+#include <vector>
 
 #include "../precision.h"
 #include "../rnn.h"
@@ -193,6 +195,25 @@ at::Tensor recompute_states(const RnnArgs& a, const std::vector<RowMajor>& state
   }
 }
 
+// From these sizes (multiply-adds) on, TF32's backward GEMMs read K-major
+// copies of their operands: a step's d h_{t-1} += dzh_t W_hh (B S G S), and
+// the weight gradients (G S x (I or S) x T B).
+constexpr int64_t kKMajorStepMacs = int64_t(1) << 26;
+constexpr int64_t kKMajorWeightMacs = int64_t(1) << 35;
+
+// LLTM_TF32_K_MAJOR: unset, the sizes above decide; 0, never; N > 0, always,
+// the weight gradients' copies in chunks of at most N rows (so that tests
+// reach every branch at small sizes). Returns -1, 0 or N.
+inline int64_t k_major_setting() {
+  const char* text = std::getenv("LLTM_TF32_K_MAJOR");
+  if (text == nullptr || *text == '\0') return -1;
+  char* end = nullptr;
+  const long long n = std::strtoll(text, &end, 10);
+  TORCH_CHECK(*end == '\0' && n >= 0, "LLTM_TF32_K_MAJOR=", text,
+              " must be 0 (never), a number of rows N (always, the weight gradients in chunks of N rows), "
+              "or unset (by size)");
+  return n;
+}
 // The backward's reverse-time loop over cuBLAS: dzx (and dzh), and the
 // gradients of the initial states where wanted.
 template <typename Cell>
@@ -222,6 +243,18 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
   const at::Tensor g_out = from.grad_output;
   const unsigned int blocks = pointwise_blocks(n, a.input.get_device());
   const bool tf32 = tf32_products(true);
+  // TF32 tensor cores read both operands along k (float32 has no transposing
+  // load): with W_hh^T (S, G S), made once here, every step's GEMM reads
+  // K-major operands (23.3 -> 19.8 µs a step at B = 512, S = 1024;
+  // docs/benchmarks-history.md section 30). Not for small GEMMs, where the
+  // copy would cost more than the steps gain.
+  const int64_t k_major = k_major_setting();
+  const bool w_transposed = dtype == c10::ScalarType::Float && tf32 &&
+                            (k_major > 0 || (k_major < 0 && B * S * GS >= kKMajorStepMacs));
+  at::Tensor w_t = w_transposed ? at::empty({S, GS}, options) : at::Tensor();
+  if (w_transposed) transpose(dtype, GS, S, w_ptr, w_hh.ld, w_t.mutable_data_ptr(), GS);
+  const void* w_b = w_transposed ? w_t.const_data_ptr() : static_cast<const void*>(w_ptr);
+  const int64_t w_ld = w_transposed ? GS : w_hh.ld;
   // The step's GEMM d h_{t-1} += dzh_t W_hh in `splits` parts of k, which the
   // next step's kernel adds (seq_plan.h), or one GEMM into dh.
   const int splits = loop_dh_splits(B, S, GS, sm_count(a.input.get_device()));
@@ -238,11 +271,12 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
                   want_state,
                   tf32_products(/*backward=*/true),
                   splits};
-  for (const void* p : {static_cast<const void*>(dh.const_data_ptr()), ptr_or_null(dh_parts),
-                        ptr_or_null(g_out), ds.const_data_ptr(), saved.const_data_ptr(),
-                        output.const_data_ptr(), state0[0].tensor.const_data_ptr(), ptr_or_null(states),
-                        NS > 1 ? state0[NS - 1].tensor.const_data_ptr() : nullptr, ptr_or_null(a.lengths),
-                        dzx.const_data_ptr(), ptr_or_null(dzh), static_cast<const void*>(w_ptr)}) {
+  for (const void* p :
+       {static_cast<const void*>(dh.const_data_ptr()), ptr_or_null(dh_parts), ptr_or_null(g_out),
+        ds.const_data_ptr(), saved.const_data_ptr(), output.const_data_ptr(),
+        state0[0].tensor.const_data_ptr(), ptr_or_null(states),
+        NS > 1 ? state0[NS - 1].tensor.const_data_ptr() : nullptr, ptr_or_null(a.lengths),
+        dzx.const_data_ptr(), ptr_or_null(dzh), static_cast<const void*>(w_ptr), ptr_or_null(w_t)}) {
     key_add(key, p);
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "lltm_fused_rnn_backward", [&] {
@@ -282,10 +316,10 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
         if (t > 0 || want_state) {
           // d h_{t-1} += dzh_t W_hh: (B, S) = (B, G S) (G S, S)
           if (splits > 1) {
-            const Gemm recurrent = {false, false, B, S, GS, dzh_t, GS, w_ptr, w_hh.ld, false, parts, S};
+            const Gemm recurrent = {false, w_transposed, B, S, GS, dzh_t, GS, w_b, w_ld, false, parts, S};
             run_gemm_split_k(dtype, recurrent, splits, tf32);
           } else {
-            const Gemm recurrent = {false, false, B, S, GS, dzh_t, GS, w_ptr, w_hh.ld, true, p.dh_out, S};
+            const Gemm recurrent = {false, w_transposed, B, S, GS, dzh_t, GS, w_b, w_ld, true, p.dh_out, S};
             run_gemms(dtype, &recurrent, 1, tf32);
           }
         }
@@ -316,6 +350,61 @@ inline Destination destination(const at::Tensor& t) {
   const bool row_major = t.stride(1) == 1 && (t.size(0) <= 1 || t.stride(0) >= t.size(1));
   if (row_major) return {t, t, t.size(0) <= 1 ? std::max<int64_t>(t.size(1), 1) : t.stride(0)};
   return {t, at::empty(t.sizes(), t.options()), std::max<int64_t>(t.size(1), 1)};
+}
+
+// Rows of the weight gradients' K-major copies at a time: their bytes.
+constexpr int64_t kKMajorChunkBytes = int64_t(256) << 20;
+
+// TF32's weight gradients from K-major operands (float32; TF32 tensor cores
+// read both operands along k): dW_ih (G S, I) = dzx^T x and dW_hh (G S, S) =
+// dzh^T h_prev over the T B rows, h_prev being h0's B rows, then output's
+// first (T - 1) B. Each chunk of rows is transposed into (., rows) copies
+// (cuBLAS's geam) and its products added (928 against 1,576 µs for the
+// LLTM's dW at B = 512, S = 1024; docs/benchmarks-history.md section 30).
+// dzh may be dzx (one pre-activation); d_ih or d_hh null: not wanted.
+inline void weight_grads_k_major(int64_t rows, int64_t B, int64_t GS, int64_t I, int64_t S, const float* dzx,
+                                 const float* dzh, const float* x, const RowMajor& h0, const float* output,
+                                 const Destination* d_ih, const Destination* d_hh, int64_t chunk_rows,
+                                 const at::TensorOptions& options) {
+  const c10::ScalarType f32 = c10::ScalarType::Float;
+  const bool split = dzh != dzx && d_hh != nullptr;
+  const int64_t row_bytes =
+      int64_t(sizeof(float)) * ((d_ih != nullptr || !split ? GS : 0) + (split ? GS : 0) +
+                                (d_ih != nullptr ? I : 0) + (d_hh != nullptr ? S : 0));
+  int64_t chunk = std::min(rows, std::max<int64_t>(1, kKMajorChunkBytes / row_bytes));
+  if (chunk < rows && chunk >= 32) chunk -= chunk % 32;  // 128-byte rows of the copies
+  if (chunk_rows > 0) chunk = std::min(rows, chunk_rows);
+  at::Tensor buffer = at::empty({row_bytes / int64_t(sizeof(float)) * chunk}, options.dtype(at::kFloat));
+  float* next = buffer.mutable_data_ptr<float>();
+  auto take = [&](int64_t n) {
+    float* p = next;
+    next += n;
+    return p;
+  };
+  float* dzx_t = (d_ih != nullptr || !split) ? take(GS * chunk) : nullptr;
+  float* dzh_t = split ? take(GS * chunk) : dzx_t;
+  float* x_t = d_ih != nullptr ? take(I * chunk) : nullptr;
+  float* h_t = d_hh != nullptr ? take(S * chunk) : nullptr;
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t c = std::min(chunk, rows - r0);
+    std::vector<Gemm> gemms;
+    if (dzx_t != nullptr) transpose(f32, c, GS, dzx + r0 * GS, GS, dzx_t, c);
+    if (split) transpose(f32, c, GS, dzh + r0 * GS, GS, dzh_t, c);
+    if (d_ih != nullptr) {
+      transpose(f32, c, I, x + r0 * I, I, x_t, c);
+      gemms.push_back({false, true, GS, I, c, dzx_t, c, x_t, c, r0 > 0, d_ih->data(), d_ih->ld});
+    }
+    if (d_hh != nullptr) {
+      // h_prev's rows r0 .. r0 + c: h0's first, then output's (row r - B)
+      const int64_t from_h0 = std::max<int64_t>(0, std::min(r0 + c, B) - r0);
+      if (from_h0 > 0) transpose(f32, from_h0, S, h0.data<float>() + r0 * h0.ld, h0.ld, h_t, c);
+      if (c > from_h0) {
+        transpose(f32, c - from_h0, S, output + (r0 + from_h0 - B) * S, S, h_t + from_h0, c);
+      }
+      gemms.push_back({false, true, GS, S, c, dzh_t, c, h_t, c, r0 > 0, d_hh->data(), d_hh->ld});
+    }
+    run_gemms(f32, gemms.data(), static_cast<int>(gemms.size()), true);
+  }
 }
 
 template <typename Cell>
@@ -481,14 +570,31 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
                       outs.back().ld};
   }
   at::Tensor x;
-  if (grads.w_ih.defined() && I > 0) {  // (G S, I) = dzx^T (G S, T*B) x (T*B, I)
-    x = a.input.contiguous();
+  const bool want_w_ih = grads.w_ih.defined() && I > 0;
+  if (want_w_ih) x = a.input.contiguous();
+  // TF32 (not the accurate mode's 3xTF32) on large weight gradients: from K-major copies.
+  const int64_t k_major_rows = k_major_setting();
+  const bool k_major =
+      dtype == c10::ScalarType::Float && tf32_products(true) && !split_tf32_rows(true) &&
+      (k_major_rows > 0 || (k_major_rows < 0 && GS * std::max(I, S) * T * B >= kKMajorWeightMacs));
+  if (k_major && (want_w_ih || grads.w_hh.defined())) {
+    Destination d_ih, d_hh;
+    if (want_w_ih) d_ih = destination(grads.w_ih);
+    if (grads.w_hh.defined()) d_hh = destination(grads.w_hh);
+    weight_grads_k_major(T * B, B, GS, I, S, dzx.const_data_ptr<float>(), dz_h.const_data_ptr<float>(),
+                         want_w_ih ? x.const_data_ptr<float>() : nullptr, state0[0],
+                         output.const_data_ptr<float>(), want_w_ih ? &d_ih : nullptr,
+                         grads.w_hh.defined() ? &d_hh : nullptr, std::max<int64_t>(k_major_rows, 0), options);
+    if (want_w_ih) d_ih.finish();
+    if (grads.w_hh.defined()) d_hh.finish();
+  }
+  if (want_w_ih && !k_major) {  // (G S, I) = dzx^T (G S, T*B) x (T*B, I)
     outs.push_back(destination(grads.w_ih));
     gemms[count++] = {
         true,          false, GS, I, T * B, dx_all, GS, x.const_data_ptr(), I, false, outs.back().data(),
         outs.back().ld};
   }
-  if (grads.w_hh.defined()) {
+  if (grads.w_hh.defined() && !k_major) {
     // (G S, S) = dzh_0^T h0 + dzh_{1:}^T output_{:-1}
     outs.push_back(destination(grads.w_hh));
     Destination& d = outs.back();
