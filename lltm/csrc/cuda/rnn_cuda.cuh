@@ -315,11 +315,12 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
         C10_CUDA_KERNEL_LAUNCH_CHECK();
         if (t > 0 || want_state) {
           // d h_{t-1} += dzh_t W_hh: (B, S) = (B, G S) (G S, S)
+          // in parts (each into its slice of `parts`; the next step's kernel adds them) or into dh
+          void* c = splits > 1 ? static_cast<void*>(parts) : static_cast<void*>(p.dh_out);
+          const Gemm recurrent = {false, w_transposed, B, S, GS, dzh_t, GS, w_b, w_ld, splits == 1, c, S};
           if (splits > 1) {
-            const Gemm recurrent = {false, w_transposed, B, S, GS, dzh_t, GS, w_b, w_ld, false, parts, S};
             run_gemm_split_k(dtype, recurrent, splits, tf32);
           } else {
-            const Gemm recurrent = {false, w_transposed, B, S, GS, dzh_t, GS, w_b, w_ld, true, p.dh_out, S};
             run_gemms(dtype, &recurrent, 1, tf32);
           }
         }
