@@ -31,22 +31,26 @@ from lltm import cells as lltm_cells
 from lltm.bench import cases, timing
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
-# name -> (LLTM_SEQ_PATH, LLTM_SEQ_CLUSTER, LLTM_SEQ_DOT, LLTM_SEQ_LOOP_SPLITS); "auto" is the planner's pick.
+# name -> (LLTM_SEQ_PATH, LLTM_SEQ_CLUSTER, LLTM_SEQ_DOT, LLTM_SEQ_LOOP_SPLITS, LLTM_TF32_K_MAJOR);
+# "auto" is the planner's pick.
 PATHS = {
-    "cluster4": ("cluster", "4", "fma", None),
-    "cluster8": ("cluster", "8", "fma", None),
-    "cluster16": ("cluster", "16", "fma", None),
-    "cluster-fma": ("cluster", None, "fma", None),
-    "cluster-smem": ("cluster", None, "fma-smem", None),  # the FMA dot with W_h in shared memory
-    "cluster-mma": ("cluster", None, "mma", None),
-    "grid": ("grid", None, "fma", None),
-    "grid-smem": ("grid", None, "fma-smem", None),
-    "grid-mma": ("grid", None, "mma", None),
-    "loop": ("loop", None, None, None),
+    "cluster4": ("cluster", "4", "fma", None, None),
+    "cluster8": ("cluster", "8", "fma", None, None),
+    "cluster16": ("cluster", "16", "fma", None, None),
+    "cluster-fma": ("cluster", None, "fma", None, None),
+    "cluster-smem": ("cluster", None, "fma-smem", None, None),  # the FMA dot with W_h in shared memory
+    "cluster-mma": ("cluster", None, "mma", None, None),
+    "grid": ("grid", None, "fma", None, None),
+    "grid-smem": ("grid", None, "fma-smem", None, None),
+    "grid-mma": ("grid", None, "mma", None, None),
+    "loop": ("loop", None, None, None, None),
     # the backward's GEMM of a step in N parts of k (1: one call, cuBLAS's own split of k)
-    **{f"loop-k{n}": ("loop", None, None, str(n)) for n in (1, 2, 3, 4)},
-    "nocluster": ("grid,loop", None, None, None),  # what a GPU without clusters gets
-    "auto": (None, None, None, None),
+    **{f"loop-k{n}": ("loop", None, None, str(n), None) for n in (1, 2, 3, 4)},
+    # TF32's backward GEMMs on the operands as stored, without the K-major copies
+    "loop-km0": ("loop", None, None, None, "0"),
+    "auto-km0": (None, None, None, None, "0"),
+    "nocluster": ("grid,loop", None, None, None, None),  # what a GPU without clusters gets
+    "auto": (None, None, None, None, None),
 }
 # Per-step barrier latency of the persistent paths and a graph node's floor
 # for the loop (µs, H100: docs/benchmarks-history.md).
@@ -54,13 +58,8 @@ BARRIER_US = {"cluster": 0.9, "grid": 1.1, "loop": 2.6}
 
 
 def _set_path(name: str) -> None:
-    path, cluster, dot, splits = PATHS[name]
-    for var, value in (
-        ("LLTM_SEQ_PATH", path),
-        ("LLTM_SEQ_CLUSTER", cluster),
-        ("LLTM_SEQ_DOT", dot),
-        ("LLTM_SEQ_LOOP_SPLITS", splits),
-    ):
+    names = ("LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_DOT", "LLTM_SEQ_LOOP_SPLITS", "LLTM_TF32_K_MAJOR")
+    for var, value in zip(names, PATHS[name]):
         if value is None:
             os.environ.pop(var, None)
         else:
@@ -186,7 +185,8 @@ def _total(v: Optional[tuple[float, float]]) -> Optional[float]:
 
 def format_point(point: dict, paths: list[str]) -> str:
     t = {k: _total(v) for k, v in point["times"].items()}
-    forced = {k: v for k, v in t.items() if k in paths and k != "nocluster" and v is not None}
+    # the fastest forced path (not the GPU without clusters, nor the planner without the K-major copies)
+    forced = {k: v for k, v in t.items() if k in paths and k not in ("nocluster", "auto-km0") and v is not None}
     best = min(forced.values()) if forced else None
     fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     ratio = lambda a, b: "-" if a is None or b is None else f"{a / b:.2f}"  # noqa: E731
