@@ -196,10 +196,13 @@ at::Tensor recompute_states(const RnnArgs& a, const std::vector<RowMajor>& state
 }
 
 // From these sizes (multiply-adds) on, TF32's backward GEMMs read K-major
-// copies of their operands: a step's d h_{t-1} += dzh_t W_hh (B S G S), and
-// the weight gradients (G S x (I or S) x T B).
-constexpr int64_t kKMajorStepMacs = int64_t(1) << 26;
-constexpr int64_t kKMajorWeightMacs = int64_t(1) << 35;
+// copies of their operands: a step's d h_{t-1} += dzh_t W_hh (B S G S; W_hh^T
+// is copied once per backward, so it pays for almost any step), and the
+// weight gradients (G S x (I or S) x T B; their copies move every row, which
+// the faster GEMM repays only from about the LLTM's 256x1024 on: at 512x512,
+// 4e10, it did not; docs/benchmarks-history.md section 31).
+constexpr int64_t kKMajorStepMacs = int64_t(1) << 24;
+constexpr int64_t kKMajorWeightMacs = int64_t(1) << 36;
 
 // LLTM_TF32_K_MAJOR: unset, the sizes above decide; 0, never; N > 0, always,
 // the weight gradients' copies in chunks of at most N rows (so that tests
