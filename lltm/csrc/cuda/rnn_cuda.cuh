@@ -260,7 +260,7 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
   const int64_t w_ld = w_transposed ? GS : w_hh.ld;
   // The step's GEMM d h_{t-1} += dzh_t W_hh in `splits` parts of k, which the
   // next step's kernel adds (seq_plan.h), or one GEMM into dh.
-  const int splits = loop_dh_splits(B, S, GS, sm_count(a.input.get_device()));
+  const int splits = loop_dh_splits(B, S, GS, sm_count(a.input.get_device()), w_transposed);
   at::Tensor dh_parts =
       splits > 1 ? at::empty({splits, B, S}, options.dtype(at::toOpMathType(dtype))) : at::Tensor();
   GraphKey key = {1,

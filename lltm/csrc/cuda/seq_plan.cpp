@@ -425,12 +425,14 @@ std::string plan_environment() {
   return env;
 }
 
-int loop_dh_splits(int64_t batch, int64_t state, int64_t k, int sms) {
+int loop_dh_splits(int64_t batch, int64_t state, int64_t k, int sms, bool k_major) {
   int splits = read_size("LLTM_SEQ_LOOP_SPLITS", 1, 8);
   if (splits == 0) {
     const int64_t tiles = ceil_div(batch, 64) * ceil_div(state, 64);
     splits = 1;
-    while (splits < 4 && tiles * splits * 2 <= sms && k / (splits * 2) >= 256) splits *= 2;
+    // K-major TF32 parts gain past one wave: 4 parts at 512x1024 take 4% off the
+    // LLTM's forward + backward (docs/benchmarks-history.md section 31)
+    while (splits < 4 && (k_major || tiles * splits * 2 <= sms) && k / (splits * 2) >= 256) splits *= 2;
   }
   while (splits > 1 && k % splits != 0) --splits;
   return splits;
