@@ -42,13 +42,14 @@ Capability usable_capability() {
 }  // namespace
 
 Kernels kernels_for_dtype(int cell, c10::ScalarType dtype) {
+  const bool half = dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16;
   switch (usable_capability()) {
     case Capability::kAvx512:
-      return kernels_avx512(cell, dtype);
+      return half ? kernels_avx512_half(cell, dtype) : kernels_avx512(cell, dtype);
     case Capability::kAvx2:
-      return kernels_avx2(cell, dtype);
+      return half ? kernels_avx2_half(cell, dtype) : kernels_avx2(cell, dtype);
     default:
-      return kernels_default(cell, dtype);
+      return half ? kernels_default_half(cell, dtype) : kernels_default(cell, dtype);
   }
 }
 

@@ -7,9 +7,11 @@
 // and dtype.
 //
 // The kernels are compiled once per CPU capability (kernels_default.cpp,
-// kernels_avx2.cpp, kernels_avx512.cpp, each with its own instruction set)
-// and the build matching torch's own choice (at::get_cpu_capability(), which
-// honours ATEN_CPU_CAPABILITY) is picked at run time. This header is
+// kernels_avx2.cpp, kernels_avx512.cpp, each with its own instruction set;
+// its half types in kernels_<capability>_half.cpp, so that a build compiles
+// the two halves in parallel) and the build matching torch's own choice
+// (at::get_cpu_capability(), which honours ATEN_CPU_CAPABILITY) is picked at
+// run time. This header is
 // compiled with the baseline flags: plain types only, and no cell header
 // (the cells' math is instantiated in each capability's file, after it has
 // chosen its instruction set): a cell is named by its index in
@@ -166,12 +168,21 @@ struct Kernels {
   int64_t backward_packed_size(int64_t state) const { return blocks(state) * gates * state * width; }
 };
 
+// The dtypes whose kernels a file instantiates: all four (a cell of
+// lltm.cells.define), or float and double / bfloat16 and half (the two files
+// of each capability's built-in kernels).
+enum class Dtypes { kAll, kFloats, kHalves };
+
 // Kernels of one capability for cell `cell` (its index in cells::BuiltIn)
-// and `dtype` (float, double, bfloat16, half); nullptr members for other
-// dtypes, or where the build is absent.
+// and `dtype`: float and double (kernels_<capability>), bfloat16 and half
+// (kernels_<capability>_half); nullptr members for other dtypes, or where
+// the build is absent.
 Kernels kernels_default(int cell, c10::ScalarType dtype);
+Kernels kernels_default_half(int cell, c10::ScalarType dtype);
 Kernels kernels_avx2(int cell, c10::ScalarType dtype);
+Kernels kernels_avx2_half(int cell, c10::ScalarType dtype);
 Kernels kernels_avx512(int cell, c10::ScalarType dtype);
+Kernels kernels_avx512_half(int cell, c10::ScalarType dtype);
 
 // The kernels for `cell` and `dtype` at the capability torch runs with.
 Kernels kernels_for_dtype(int cell, c10::ScalarType dtype);

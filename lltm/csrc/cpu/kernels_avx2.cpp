@@ -5,6 +5,7 @@
 // (before any header: the cells' functions inline into the step kernels, cells/cell.h)
 #define LLTM_CELL_ALWAYS_INLINE 1
 #include "baseline_headers.h"
+#include "kernels_file.h"
 // the instruction set switch, after every header that keeps the baseline one
 #include "target_avx2.h"
 #ifdef LLTM_HAVE_AVX2_BUILD
@@ -14,9 +15,9 @@
 namespace lltm {
 namespace cpu {
 
-Kernels kernels_avx2(int cell, c10::ScalarType dtype) {
+Kernels LLTM_KERNELS_FN(avx2)(int cell, c10::ScalarType dtype) {
 #ifdef LLTM_HAVE_AVX2_BUILD
-  return AVX2::kernels_for(cell, dtype);
+  return AVX2::kernels_for<LLTM_KERNELS_DTYPES>(cell, dtype);
 #else
   (void)cell;
   (void)dtype;

@@ -6,6 +6,7 @@
 // (before any header: the cells' functions inline into the step kernels, cells/cell.h)
 #define LLTM_CELL_ALWAYS_INLINE 1
 #include "baseline_headers.h"
+#include "kernels_file.h"
 // the instruction set switch, after every header that keeps the baseline one
 #include "target_avx512.h"
 #ifdef LLTM_HAVE_AVX512_BUILD
@@ -15,9 +16,9 @@
 namespace lltm {
 namespace cpu {
 
-Kernels kernels_avx512(int cell, c10::ScalarType dtype) {
+Kernels LLTM_KERNELS_FN(avx512)(int cell, c10::ScalarType dtype) {
 #ifdef LLTM_HAVE_AVX512_BUILD
-  return AVX512::kernels_for(cell, dtype);
+  return AVX512::kernels_for<LLTM_KERNELS_DTYPES>(cell, dtype);
 #else
   (void)cell;
   (void)dtype;

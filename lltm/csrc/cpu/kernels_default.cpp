@@ -4,6 +4,7 @@
 // (before any header: the cells' functions inline into the step kernels, cells/cell.h)
 #define LLTM_CELL_ALWAYS_INLINE 1
 #include "baseline_headers.h"
+#include "kernels_file.h"
 
 #define CPU_CAPABILITY DEFAULT
 #include "step_kernels.h"
@@ -11,7 +12,9 @@
 namespace lltm {
 namespace cpu {
 
-Kernels kernels_default(int cell, c10::ScalarType dtype) { return DEFAULT::kernels_for(cell, dtype); }
+Kernels LLTM_KERNELS_FN(default)(int cell, c10::ScalarType dtype) {
+  return DEFAULT::kernels_for<LLTM_KERNELS_DTYPES>(cell, dtype);
+}
 
 }  // namespace cpu
 }  // namespace lltm

@@ -410,30 +410,29 @@ Kernels kernels_of() {
           &gemm<scalar_t>};
 }
 
-template <typename Cell>
+// The cell's kernels for `dtype`, where `kDtypes` has it (nullptrs otherwise).
+template <typename Cell, Dtypes kDtypes = Dtypes::kAll>
 Kernels kernels_of_cell(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::ScalarType::Float:
-      return kernels_of<Cell, float>();
-    case c10::ScalarType::Double:
-      return kernels_of<Cell, double>();
-    case c10::ScalarType::BFloat16:
-      return kernels_of<Cell, c10::BFloat16>();
-    case c10::ScalarType::Half:
-      return kernels_of<Cell, c10::Half>();
-    default:
-      return {};
+  if constexpr (kDtypes != Dtypes::kHalves) {
+    if (dtype == c10::ScalarType::Float) return kernels_of<Cell, float>();
+    if (dtype == c10::ScalarType::Double) return kernels_of<Cell, double>();
   }
+  if constexpr (kDtypes != Dtypes::kFloats) {
+    if (dtype == c10::ScalarType::BFloat16) return kernels_of<Cell, c10::BFloat16>();
+    if (dtype == c10::ScalarType::Half) return kernels_of<Cell, c10::Half>();
+  }
+  return {};
 }
 
 #ifndef LLTM_ONE_CELL_BUILD  // (a cell's own build, lltm.cells.define, instantiates only its own)
 // The kernels of this capability for cell `cell` (its index in
-// cells::BuiltIn) and `dtype`; nullptrs for others.
-inline Kernels kernels_for(int cell, c10::ScalarType dtype) {
+// cells::BuiltIn) and `dtype`, where `kDtypes` has it; nullptrs for others.
+template <Dtypes kDtypes>
+Kernels kernels_for(int cell, c10::ScalarType dtype) {
   Kernels out{};
   int index = 0;
   cells::for_each_cell([&](auto c) {
-    if (index++ == cell) out = kernels_of_cell<decltype(c)>(dtype);
+    if (index++ == cell) out = kernels_of_cell<decltype(c), kDtypes>(dtype);
   });
   return out;
 }
