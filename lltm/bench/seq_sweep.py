@@ -52,6 +52,9 @@ PATHS = {
     "nocluster": ("grid,loop", None, None, None, None),  # what a GPU without clusters gets
     "auto": (None, None, None, None, None),
 }
+# Rows the planner still picks in (not one forced path): on a GPU without
+# clusters, and without the K-major copies.
+PLANNER_ROWS = ("nocluster", "auto-km0")
 # Per-step barrier latency of the persistent paths and a graph node's floor
 # for the loop (µs, H100: docs/benchmarks-history.md).
 BARRIER_US = {"cluster": 0.9, "grid": 1.1, "loop": 2.6}
@@ -185,8 +188,7 @@ def _total(v: Optional[tuple[float, float]]) -> Optional[float]:
 
 def format_point(point: dict, paths: list[str]) -> str:
     t = {k: _total(v) for k, v in point["times"].items()}
-    # the fastest forced path (not the GPU without clusters, nor the planner without the K-major copies)
-    forced = {k: v for k, v in t.items() if k in paths and k not in ("nocluster", "auto-km0") and v is not None}
+    forced = {k: v for k, v in t.items() if k in paths and k not in PLANNER_ROWS and v is not None}
     best = min(forced.values()) if forced else None
     fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     ratio = lambda a, b: "-" if a is None or b is None else f"{a / b:.2f}"  # noqa: E731

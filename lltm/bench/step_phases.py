@@ -28,7 +28,7 @@ import torch
 
 from lltm import cells as lltm_cells
 from lltm.bench import cases
-from lltm.bench.seq_sweep import DTYPES, PATHS, _set_path
+from lltm.bench.seq_sweep import DTYPES, PATHS, PLANNER_ROWS, _set_path
 
 LINE = re.compile(
     r"lltm step clocks: (?P<what>\w+ \w+) (?P<shape>.*?) cycles/step: (?P<phases>.*); total (?P<total>\d+)"
@@ -103,7 +103,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tf32", action="store_true", help="allow TF32 (float32 on the MMA dot)")
     ap.add_argument("--cell", choices=sorted(lltm_cells.BUILT_IN), default="lltm", help="the layer's cell")
     args = ap.parse_args(argv)
-    persistent = [p for p in PATHS if p not in ("nocluster", "auto-km0") and not p.startswith("loop")]
+    persistent = [p for p in PATHS if p not in PLANNER_ROWS and not p.startswith("loop")]
     for p in args.paths.split(","):
         if p not in persistent:
             ap.error(f"--paths: {p!r} is not a persistent path; use a comma-separated subset of {','.join(persistent)}")

@@ -42,7 +42,7 @@ Capability usable_capability() {
 }  // namespace
 
 Kernels kernels_for_dtype(int cell, c10::ScalarType dtype) {
-  const bool half = dtype == c10::ScalarType::Half || dtype == c10::ScalarType::BFloat16;
+  const bool half = c10::isReducedFloatingType(dtype);  // bfloat16 and half (other types: no kernels)
   switch (usable_capability()) {
     case Capability::kAvx512:
       return half ? kernels_avx512_half(cell, dtype) : kernels_avx512(cell, dtype);

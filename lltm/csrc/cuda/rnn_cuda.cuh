@@ -217,6 +217,16 @@ inline int64_t k_major_setting() {
               "or unset (by size)");
   return n;
 }
+
+// Whether TF32's backward GEMMs of `macs` multiply-adds read K-major copies
+// of their operands: float32 with plain TF32 (not the accurate mode's
+// 3xTF32), as LLTM_TF32_K_MAJOR says, or by size from `from_macs` on. A
+// wrong setting is an error whatever the dtype.
+inline bool k_major_tf32(c10::ScalarType dtype, int64_t macs, int64_t from_macs) {
+  const int64_t setting = k_major_setting();
+  if (dtype != c10::ScalarType::Float || !tf32_products(/*backward=*/true)) return false;
+  return setting > 0 || (setting < 0 && macs >= from_macs);
+}
 // The backward's reverse-time loop over cuBLAS: dzx (and dzh), and the
 // gradients of the initial states where wanted.
 template <typename Cell>
@@ -251,9 +261,7 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
   // K-major operands (23.3 -> 19.8 µs a step at B = 512, S = 1024;
   // docs/benchmarks-history.md section 30). Not for small GEMMs, where the
   // copy would cost more than the steps gain.
-  const int64_t k_major = k_major_setting();
-  const bool w_transposed = dtype == c10::ScalarType::Float && tf32 &&
-                            (k_major > 0 || (k_major < 0 && B * S * GS >= kKMajorStepMacs));
+  const bool w_transposed = k_major_tf32(dtype, B * S * GS, kKMajorStepMacs);
   at::Tensor w_t = w_transposed ? at::empty({S, GS}, options) : at::Tensor();
   if (w_transposed) transpose(dtype, GS, S, w_ptr, w_hh.ld, w_t.mutable_data_ptr(), GS);
   const void* w_b = w_transposed ? w_t.const_data_ptr() : static_cast<const void*>(w_ptr);
@@ -366,26 +374,29 @@ constexpr int64_t kKMajorChunkBytes = int64_t(256) << 20;
 // (cuBLAS's geam) and its products added (928 against 1,576 µs for the
 // LLTM's dW at B = 512, S = 1024; docs/benchmarks-history.md section 30).
 // dzh may be dzx (one pre-activation); d_ih or d_hh null: not wanted.
+// LLTM_TF32_K_MAJOR=N sets the chunks' rows.
 inline void weight_grads_k_major(int64_t rows, int64_t B, int64_t GS, int64_t I, int64_t S, const float* dzx,
                                  const float* dzh, const float* x, const RowMajor& h0, const float* output,
-                                 const Destination* d_ih, const Destination* d_hh, int64_t chunk_rows,
+                                 const Destination* d_ih, const Destination* d_hh,
                                  const at::TensorOptions& options) {
   const c10::ScalarType f32 = c10::ScalarType::Float;
-  const bool split = dzh != dzx && d_hh != nullptr;
-  const int64_t row_bytes =
-      int64_t(sizeof(float)) * ((d_ih != nullptr || !split ? GS : 0) + (split ? GS : 0) +
-                                (d_ih != nullptr ? I : 0) + (d_hh != nullptr ? S : 0));
-  int64_t chunk = std::min(rows, std::max<int64_t>(1, kKMajorChunkBytes / row_bytes));
+  const bool split = dzh != dzx && d_hh != nullptr;  // dzh^T copied apart from dzx^T
+  const bool copy_dzx = d_ih != nullptr || !split;
+  const int64_t row_elems =
+      (copy_dzx ? GS : 0) + (split ? GS : 0) + (d_ih != nullptr ? I : 0) + (d_hh != nullptr ? S : 0);
+  int64_t chunk =
+      std::min(rows, std::max<int64_t>(1, kKMajorChunkBytes / (row_elems * int64_t(sizeof(float)))));
   if (chunk < rows && chunk >= 32) chunk -= chunk % 32;  // 128-byte rows of the copies
-  if (chunk_rows > 0) chunk = std::min(rows, chunk_rows);
-  at::Tensor buffer = at::empty({row_bytes / int64_t(sizeof(float)) * chunk}, options.dtype(at::kFloat));
+  const int64_t forced_rows = k_major_setting();
+  if (forced_rows > 0) chunk = std::min(rows, forced_rows);
+  at::Tensor buffer = at::empty({row_elems * chunk}, options.dtype(at::kFloat));
   float* next = buffer.mutable_data_ptr<float>();
   auto take = [&](int64_t n) {
     float* p = next;
     next += n;
     return p;
   };
-  float* dzx_t = (d_ih != nullptr || !split) ? take(GS * chunk) : nullptr;
+  float* dzx_t = copy_dzx ? take(GS * chunk) : nullptr;
   float* dzh_t = split ? take(GS * chunk) : dzx_t;
   float* x_t = d_ih != nullptr ? take(I * chunk) : nullptr;
   float* h_t = d_hh != nullptr ? take(S * chunk) : nullptr;
@@ -576,21 +587,15 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
   at::Tensor x;
   const bool want_w_ih = grads.w_ih.defined() && I > 0;
   if (want_w_ih) x = a.input.contiguous();
-  // TF32 (not the accurate mode's 3xTF32) on large weight gradients: from K-major copies.
-  const int64_t k_major_rows = k_major_setting();
-  const bool k_major =
-      dtype == c10::ScalarType::Float && tf32_products(true) && !split_tf32_rows(true) &&
-      (k_major_rows > 0 || (k_major_rows < 0 && GS * std::max(I, S) * T * B >= kKMajorWeightMacs));
+  // Large TF32 weight gradients from K-major copies (their destinations
+  // finished with the others below).
+  const bool k_major = k_major_tf32(dtype, GS * std::max(I, S) * T * B, kKMajorWeightMacs);
   if (k_major && (want_w_ih || grads.w_hh.defined())) {
-    Destination d_ih, d_hh;
-    if (want_w_ih) d_ih = destination(grads.w_ih);
-    if (grads.w_hh.defined()) d_hh = destination(grads.w_hh);
+    const Destination* d_ih = want_w_ih ? &outs.emplace_back(destination(grads.w_ih)) : nullptr;
+    const Destination* d_hh = grads.w_hh.defined() ? &outs.emplace_back(destination(grads.w_hh)) : nullptr;
     weight_grads_k_major(T * B, B, GS, I, S, dzx.const_data_ptr<float>(), dz_h.const_data_ptr<float>(),
                          want_w_ih ? x.const_data_ptr<float>() : nullptr, state0[0],
-                         output.const_data_ptr<float>(), want_w_ih ? &d_ih : nullptr,
-                         grads.w_hh.defined() ? &d_hh : nullptr, std::max<int64_t>(k_major_rows, 0), options);
-    if (want_w_ih) d_ih.finish();
-    if (grads.w_hh.defined()) d_hh.finish();
+                         output.const_data_ptr<float>(), d_ih, d_hh, options);
   }
   if (want_w_ih && !k_major) {  // (G S, I) = dzx^T (G S, T*B) x (T*B, I)
     outs.push_back(destination(grads.w_ih));
