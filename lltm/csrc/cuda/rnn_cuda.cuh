@@ -568,7 +568,7 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
   Gemm gemms[4];
   int count = 0;
   std::vector<Destination> outs;
-  outs.reserve(3);
+  outs.reserve(3);  // input, W_ih, W_hh at most: pointers into it (the K-major destinations) stay valid
   if (grads.input.defined() && I > 0) {  // (T*B, I) = (T*B, G S) W_ih
     outs.push_back(destination(grads.input.view({T * B, I})));
     gemms[count++] = {false,
