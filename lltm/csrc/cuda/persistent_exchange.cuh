@@ -74,7 +74,8 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
 
 template <typename T>
 struct ClusterExchange {
-  static constexpr bool kClusters = true;  // launched in clusters: sm_90 code only
+  static constexpr bool kClusters = true;     // launched in clusters: sm_90 code only
+  static constexpr bool kClusterOnly = true;  // a cluster is the whole group (no grid-wide exchange)
   // One store of the slice to another CTA, at parity 0: the source word(s)
   // in this CTA, the destination and the destination's mbarrier.
   struct Send {
@@ -236,6 +237,7 @@ struct ClusterExchange {
 template <typename T>
 struct GridExchange {
   static constexpr bool kClusters = false;
+  static constexpr bool kClusterOnly = false;
   T* local;              // [R][Bp][row] in this CTA
   T* global;             // [2][R][B][row]
   unsigned* arrivals;    // this chunk's counter

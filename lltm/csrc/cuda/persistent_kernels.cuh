@@ -84,8 +84,16 @@ __device__ __forceinline__ bool unsupported_here() {
   return false;
 }
 
+// The grid path's MMA kernels need more than 128 registers a thread (one
+// CTA an SM at 256 threads). A minimum of one CTA an SM lets ptxas give
+// them up to 255; without one it took some to 128, with spills (sm_90: the
+// LSTM's float multicast forward, two rows a thread, 180 bytes). 0 leaves
+// the others to ptxas (the FMA kernels fit 2-4 CTAs an SM).
+template <bool kMma, typename Exchange>
+constexpr int kMinCtas = kMma && !Exchange::kClusterOnly ? 1 : 0;
+
 template <typename Cell, typename scalar_t, int NB, bool kMma, bool kRegW, template <typename> class Exchange>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t>>))
     seq_forward_persistent_kernel(const ForwardParams<scalar_t> p) {
   using acc_t = at::opmath_type<scalar_t>;
   using M = Activations<sizeof(scalar_t) <= 4>;  // fast activations for float math
@@ -325,7 +333,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 }
 
 template <typename Cell, typename scalar_t, int NB, bool kMma, bool kRegW, template <typename> class Exchange>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t>>))
     seq_backward_persistent_kernel(const BackwardParams<scalar_t> p) {
   using acc_t = at::opmath_type<scalar_t>;
   using M = Activations<sizeof(scalar_t) <= 4>;
