@@ -192,6 +192,20 @@ __device__ __forceinline__ TaskPlace task_place(int task, int mgroups, int ms, i
 struct WarpTask {
   TaskPlace at;
   int seg, kin;
+  int lo, hi;  // segment-major walks: the slice's k steps within every segment
+};
+
+// The k steps [lo, hi) of each segment that slice `slice` of a
+// segment-major walk takes.
+__device__ __forceinline__ int slice_start(int slice, int ksteps, int ksplit) {
+  return slice * ksteps / ksplit;
+}
+
+// What a dot does before the first k step of a segment: nothing, or (a
+// kernel whose exchange reloads its gate blocks one by one) wait for that
+// block.
+struct NoWait {
+  __device__ void operator()(int /*segment*/) const {}
 };
 
 // The tiles a task of mma_dot_nt takes with `mstack` and `ntiles` (it
@@ -216,6 +230,8 @@ __device__ __forceinline__ WarpTask warp_task(int segments, int state, int mtile
   w.at = task_place(threadIdx.x >> 5, mtiles / ms, ms, total, ksplit);
   w.seg = w.at.k0 / ksteps;
   w.kin = w.at.k0 - w.seg * ksteps;
+  w.lo = slice_start(w.at.slice, ksteps, ksplit);
+  w.hi = slice_start(w.at.slice + 1, ksteps, ksplit);
   return w;
 }
 
@@ -255,9 +271,15 @@ __device__ __forceinline__ void store_tile(float* tile, int slice, int mtiles, i
 // (the small-batch splits, whose long k slices are latency-bound), two
 // where NT tiles already give the warp independent MMAs; the sets are added
 // at the end in a fixed order.
-template <typename scalar_t, int NT>
+//
+// kSegMajor: a task's slice is its share of every segment (k steps [lo, hi)
+// of each), walked segment by segment with before(segment) first, instead
+// of one range of the segments laid end to end: every warp then starts on
+// the first segment, and the last is needed only at the end of its walk.
+template <typename scalar_t, int NT, bool kSegMajor, typename Before>
 __device__ __forceinline__ void mma_dot_tiles(const MmaOperands& o, int segments, int ksteps, int mtiles,
-                                              int ksplit, const WarpTask& first, float* tile) {
+                                              int ksplit, const WarpTask& first, float* tile,
+                                              const Before& before) {
   constexpr int kSets = NT <= 2 ? 4 : 2;
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int total = segments * ksteps;
@@ -278,14 +300,28 @@ __device__ __forceinline__ void mma_dot_tiles(const MmaOperands& o, int segments
       for (int nt = 0; nt < NT; ++nt) mma_tile<scalar_t>(d[nt], af, bf[nt]);
       walk.next();
     };
-    int k = k0;
-    for (; k + kSets <= k1; k += kSets) {
+    auto range = [&](int from, int to) {  // k steps from..to of the walk, round the sets
+      int k = from;
+      for (; k + kSets <= to; k += kSets) {
 #pragma unroll
-      for (int h = 0; h < kSets; ++h) step(acc[h]);
-    }
+        for (int h = 0; h < kSets; ++h) step(acc[h]);
+      }
 #pragma unroll
-    for (int h = 0; h < kSets - 1; ++h) {
-      if (k + h < k1) step(acc[h]);
+      for (int h = 0; h < kSets - 1; ++h) {
+        if (k + h < to) step(acc[h]);
+      }
+    };
+    if constexpr (kSegMajor) {
+      const bool mine = task == warp;
+      const int lo = mine ? first.lo : slice_start(slice, ksteps, ksplit);
+      const int hi = mine ? first.hi : slice_start(slice + 1, ksteps, ksplit);
+      for (int seg = 0; seg < segments; ++seg) {
+        before(seg);
+        walk = FragmentWalk::at(o, ksteps, seg, lo, mt);
+        range(lo, hi);
+      }
+    } else {
+      range(k0, k1);
     }
 #pragma unroll
     for (int h = 1; h < kSets; ++h) {
@@ -304,9 +340,11 @@ __device__ __forceinline__ void mma_dot_tiles(const MmaOperands& o, int segments
 // are independent chains. Where A has a few tiles and B one or two (the
 // forward of a small batch) every warp gets a k slice of all the tiles, and
 // B is read from shared memory once per slice, not once per tile.
-template <typename scalar_t, int NT, int MS>
+// kSegMajor and before: as mma_dot_tiles'.
+template <typename scalar_t, int NT, int MS, bool kSegMajor, typename Before>
 __device__ __forceinline__ void mma_dot_stacked(const MmaOperands& o, int segments, int ksteps, int mtiles,
-                                                int ksplit, const WarpTask& first, float* tile) {
+                                                int ksplit, const WarpTask& first, float* tile,
+                                                const Before& before) {
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int total = segments * ksteps;
   const int mgroups = mtiles / MS;
@@ -319,18 +357,32 @@ __device__ __forceinline__ void mma_dot_stacked(const MmaOperands& o, int segmen
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) acc[m][nt][0] = acc[m][nt][1] = acc[m][nt][2] = acc[m][nt][3] = 0.f;
     }
+    auto range = [&](int from, int to) {
 #pragma unroll 2
-    for (int k = k0; k < k1; ++k) {
-      uint32_t af[MS][4], bf[NT][2];
-      walk.load_b<scalar_t, NT>(bf);
+      for (int k = from; k < to; ++k) {
+        uint32_t af[MS][4], bf[NT][2];
+        walk.load_b<scalar_t, NT>(bf);
 #pragma unroll
-      for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(af[m], m);
+        for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(af[m], m);
 #pragma unroll
-      for (int m = 0; m < MS; ++m) {
+        for (int m = 0; m < MS; ++m) {
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mma_tile<scalar_t>(acc[m][nt], af[m], bf[nt]);
+          for (int nt = 0; nt < NT; ++nt) mma_tile<scalar_t>(acc[m][nt], af[m], bf[nt]);
+        }
+        walk.next();
       }
-      walk.next();
+    };
+    if constexpr (kSegMajor) {
+      const bool mine = task == warp;
+      const int lo = mine ? first.lo : slice_start(slice, ksteps, ksplit);
+      const int hi = mine ? first.hi : slice_start(slice + 1, ksteps, ksplit);
+      for (int seg = 0; seg < segments; ++seg) {
+        before(seg);
+        walk = FragmentWalk::at(o, ksteps, seg, lo, m0);
+        range(lo, hi);
+      }
+    } else {
+      range(k0, k1);
     }
 #pragma unroll
     for (int m = 0; m < MS; ++m) store_tile<NT>(tile, slice, mtiles, m0 + m, acc[m]);
@@ -340,44 +392,49 @@ __device__ __forceinline__ void mma_dot_stacked(const MmaOperands& o, int segmen
 // The tasks with NT tiles of B: mstack tiles of A each where mma_stack_max(NT)
 // allows it (2 to 4), else one (a task of one tile covers every tile of any
 // plan's [ksplit][mtiles] layout, only more slowly).
-template <typename scalar_t, int NT>
+template <typename scalar_t, int NT, bool kSegMajor, typename Before>
 __device__ __forceinline__ void mma_dot_nt(const MmaOperands& o, int segments, int ksteps, int mtiles,
-                                           int mstack, int ksplit, const WarpTask& first, float* tile) {
+                                           int mstack, int ksplit, const WarpTask& first, float* tile,
+                                           const Before& before) {
   // task_tiles(mstack, NT) in branches (warp_task placed `first` by it).
   if constexpr (mma_stack_max(NT) >= 2) {
     if (mstack == 2)
-      return mma_dot_stacked<scalar_t, NT, 2>(o, segments, ksteps, mtiles, ksplit, first, tile);
+      return mma_dot_stacked<scalar_t, NT, 2, kSegMajor>(o, segments, ksteps, mtiles, ksplit, first, tile,
+                                                         before);
   }
   if constexpr (mma_stack_max(NT) >= 3) {
     if (mstack == 3)
-      return mma_dot_stacked<scalar_t, NT, 3>(o, segments, ksteps, mtiles, ksplit, first, tile);
+      return mma_dot_stacked<scalar_t, NT, 3, kSegMajor>(o, segments, ksteps, mtiles, ksplit, first, tile,
+                                                         before);
   }
   if constexpr (mma_stack_max(NT) >= 4) {
     if (mstack == 4)
-      return mma_dot_stacked<scalar_t, NT, 4>(o, segments, ksteps, mtiles, ksplit, first, tile);
+      return mma_dot_stacked<scalar_t, NT, 4, kSegMajor>(o, segments, ksteps, mtiles, ksplit, first, tile,
+                                                         before);
   }
-  mma_dot_tiles<scalar_t, NT>(o, segments, ksteps, mtiles, ksplit, first, tile);
+  mma_dot_tiles<scalar_t, NT, kSegMajor>(o, segments, ksteps, mtiles, ksplit, first, tile, before);
 }
 
 // One step's products of the CTA, as the plan splits them (seq_plan.h's
 // Split: ntiles tiles of B, tasks of mstack tiles of A), `first` this
 // warp's warp_task of the same plan. A k step is 32 bytes of a row of S.
 // (Branches, not a switch: its jump table is a constant-bank load on the
-// step's critical path.)
-template <typename scalar_t>
+// step's critical path.) kSegMajor / before: mma_dot_tiles'.
+template <typename scalar_t, bool kSegMajor = false, typename Before = NoWait>
 __device__ __forceinline__ void mma_dot(const scalar_t* a, const scalar_t* b, int segments, int seg_rows,
                                         int b_stride, int b_seg, int row, int state, int mtiles, int mstack,
-                                        int ntiles, int ksplit, const WarpTask& first, float* tile) {
+                                        int ntiles, int ksplit, const WarpTask& first, float* tile,
+                                        const Before& before = Before{}) {
   const int ksteps = mma_ksteps<scalar_t>(state);
   const MmaOperands o = mma_operands(a, b, seg_rows, b_stride, b_seg, row);
   if (ntiles == 1) {
-    mma_dot_nt<scalar_t, 1>(o, segments, ksteps, mtiles, mstack, ksplit, first, tile);
+    mma_dot_nt<scalar_t, 1, kSegMajor>(o, segments, ksteps, mtiles, mstack, ksplit, first, tile, before);
   } else if (ntiles == 2) {
-    mma_dot_nt<scalar_t, 2>(o, segments, ksteps, mtiles, mstack, ksplit, first, tile);
+    mma_dot_nt<scalar_t, 2, kSegMajor>(o, segments, ksteps, mtiles, mstack, ksplit, first, tile, before);
   } else if (ntiles == 4) {
-    mma_dot_nt<scalar_t, 4>(o, segments, ksteps, mtiles, mstack, ksplit, first, tile);
+    mma_dot_nt<scalar_t, 4, kSegMajor>(o, segments, ksteps, mtiles, mstack, ksplit, first, tile, before);
   } else {
-    mma_dot_nt<scalar_t, 8>(o, segments, ksteps, mtiles, mstack, ksplit, first, tile);
+    mma_dot_nt<scalar_t, 8, kSegMajor>(o, segments, ksteps, mtiles, mstack, ksplit, first, tile, before);
   }
 }
 

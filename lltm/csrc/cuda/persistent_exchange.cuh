@@ -248,9 +248,13 @@ struct GridExchange {
   int bp, bn;            // batch rows per local block (padded), of which this chunk's
   int row;               // elements per exchanged row (padded)
   int group;
-  uint32_t bar;  // sm_90: shared address of the reload's mbarrier (the header's first)
+  uint32_t bar;  // sm_90: shared address of the reload's first mbarrier (the header's first)
+  int bars;      // its mbarriers: one per gate block, the last kReloadBars - 1 and up sharing one
 
   __device__ T* view(int /*parity*/) const { return local; }
+  // The mbarrier of gate block i, and the gate blocks mbarrier q waits for.
+  __device__ uint32_t bar_of(int i) const { return bar + 8 * min(i, bars - 1); }
+  __device__ int blocks_of(int q) const { return q == bars - 1 ? rows_per - q : 1; }
 
   // The thread that arrives, polls the counter and issues the reload: the
   // CTA's last, which the splits leave without batch rows where threads
@@ -271,10 +275,13 @@ struct GridExchange {
   }
   // The n-th exchange of this launch is complete when the group has
   // arrived (n + 1) times (the leader waits for the count); then the chunk's
-  // rows of that parity are copied into shared memory from L2.
+  // rows of that parity are copied into shared memory from L2: reload()
+  // starts the copy, wait_block(i, n) waits for gate block i, wait() does
+  // both for every block.
   //   sm_90: each gate block (bn rows, contiguous in both places) is one
   //   bulk copy of the copy engine, issued by the leader, its bytes counted on
-  //   the mbarrier every thread waits on (exchange n completes its phase n).
+  //   the block's mbarrier (exchange n completes its phase n), so a dot can
+  //   start on the first blocks while the last still travel.
   //   The proxy fences order the copy's global reads after the acquire and
   //   its shared-memory writes after the last step's reads (the barrier in
   //   arrive()). Against 16-byte copies from every thread: backward steps
@@ -282,30 +289,61 @@ struct GridExchange {
   //   sm_80: every thread issues its 16-byte copies at once (cp.async.cg:
   //   L2, not this SM's L1, which may hold an older copy) and waits for them
   //   once: one L2 round trip and the SM's share of L2 bandwidth.
-  __device__ void wait(int parity, int64_t n) const {
+  __device__ void reload(int parity, int64_t n) const {
     if (leader()) {
       const unsigned target = static_cast<unsigned>(n + 1) * static_cast<unsigned>(group);
       while (static_cast<int>(load_acquire(arrivals) - target) < 0) {
       }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      const uint32_t block = static_cast<uint32_t>(bn * row * sizeof(T));
-      asm volatile("fence.proxy.async.global;\n" ::: "memory");
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-                   "r"(block * static_cast<uint32_t>(rows_per))
-                   : "memory");
-      for (int i = 0; i < rows_per; ++i) {
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                smem_address(local + int64_t(i) * bp * row)),
-            "l"(global + parity * parity_elems + i * gate_elems + first), "r"(block), "r"(bar)
-            : "memory");
-      }
+      bulk_copy(parity);
 #endif
     }
+#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+    copy_rows(parity);
+#endif
+  }
+  // sm_90: the leader's bulk copy of every gate block, each onto its mbarrier.
+  __device__ void bulk_copy(int parity) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    mbarrier_wait(bar, static_cast<uint32_t>(n) & 1u);
-#else
+    const uint32_t block = static_cast<uint32_t>(bn * row * sizeof(T));
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    arm(block);
+    for (int i = 0; i < rows_per; ++i) {
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+              smem_address(local + int64_t(i) * bp * row)),
+          "l"(global + parity * parity_elems + i * gate_elems + first), "r"(block), "r"(bar_of(i))
+          : "memory");
+    }
+#endif
+  }
+  // The leader's arrival on each mbarrier, with the bytes of its blocks (sm_90).
+  __device__ void arm(uint32_t block) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (int q = 0; q < bars; ++q) {
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar + 8 * q),
+                   "r"(block * static_cast<uint32_t>(blocks_of(q)))
+                   : "memory");
+    }
+#endif
+  }
+  __device__ void wait_block(int i, int64_t n) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    mbarrier_wait(bar_of(i), static_cast<uint32_t>(n) & 1u);
+#endif
+  }
+  __device__ void wait_reloaded(int64_t n) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (int q = 0; q < bars; ++q) mbarrier_wait(bar + 8 * q, static_cast<uint32_t>(n) & 1u);
+#endif
+  }
+  __device__ void wait(int parity, int64_t n) const {
+    reload(parity, n);
+    wait_reloaded(n);
+  }
+  // sm_80: the copy of the rows, every thread's 16-byte copies.
+  __device__ void copy_rows(int parity) const {
     __syncthreads();
     const int vectors = bn * row * static_cast<int>(sizeof(T)) / 16;  // per gate block
     for (int i = 0; i < rows_per; ++i) {
@@ -325,12 +363,14 @@ struct GridExchange {
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 #endif
     __syncthreads();
-#endif
   }
 
   __device__ void start() const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+    if (threadIdx.x == 0) {
+      for (int q = 0; q < bars; ++q)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar + 8 * q) : "memory");
+    }
 #endif
     __syncthreads();
   }
@@ -349,7 +389,8 @@ struct GridExchange {
             s.bn,
             p.row,
             p.group,
-            smem_address(header)};
+            smem_address(header),
+            min(rows_per, kReloadBars)};
   }
 };
 
@@ -394,11 +435,12 @@ struct MulticastExchange : GridExchange<T> {
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(this->arrivals) : "memory");
     }
   }
-  // Every CTA's leader arms its own mbarrier for the step's bytes; the
-  // issuer's leader polls and copies into the whole cluster. A copy that
-  // lands before a CTA arms its mbarrier leaves the phase open: the phase
-  // waits for that arrival too.
-  __device__ void wait(int parity, int64_t n) const {
+  // Every CTA's leader arms its own mbarriers for the step's bytes; the
+  // issuer's leader polls and copies into the whole cluster (each gate
+  // block onto the same mbarrier of every CTA). A copy that lands before a
+  // CTA arms its mbarrier leaves the phase open: the phase waits for that
+  // arrival too. wait_block / wait_reloaded / wait: GridExchange's.
+  __device__ void reload(int parity, int64_t n) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // the cluster's arrive()
     if (Base::leader()) {
@@ -410,9 +452,7 @@ struct MulticastExchange : GridExchange<T> {
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       }
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(this->bar),
-                   "r"(block * static_cast<uint32_t>(this->rows_per))
-                   : "memory");
+      this->arm(block);
       if (issues) {
         const uint16_t everyone = static_cast<uint16_t>((1u << multicast) - 1u);
         for (int i = 0; i < this->rows_per; ++i) {
@@ -421,21 +461,25 @@ struct MulticastExchange : GridExchange<T> {
               "[%1], "
               "%2, [%3], %4;\n" ::"r"(smem_address(this->local + int64_t(i) * this->bp * this->row)),
               "l"(this->global + parity * this->parity_elems + i * this->gate_elems + this->first),
-              "r"(block), "r"(this->bar), "h"(everyone)
+              "r"(block), "r"(this->bar_of(i)), "h"(everyone)
               : "memory");
         }
       }
     }
-    mbarrier_wait(this->bar, static_cast<uint32_t>(n) & 1u);
 #endif
   }
+  __device__ void wait(int parity, int64_t n) const {
+    reload(parity, n);
+    this->wait_reloaded(n);
+  }
 
-  // Every CTA's mbarrier is set up, and visible to the copy engine, before
-  // the cluster's first CTA can copy into it.
+  // Every CTA's mbarriers are set up, and visible to the copy engine, before
+  // the cluster's first CTA can copy into them.
   __device__ void start() const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (threadIdx.x == 0) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(this->bar) : "memory");
+      for (int q = 0; q < this->bars; ++q)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(this->bar + 8 * q) : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     cluster_barrier();

@@ -341,6 +341,10 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   constexpr int V = 16 / sizeof(scalar_t);
   constexpr int kRegChunks = kRegChunksOf<Cell>;
   constexpr bool kCluster = std::is_same_v<Exchange<scalar_t>, ClusterExchange<scalar_t>>;
+  // The grid exchanges reload dzh_t's gate blocks one by one (sm_90: an
+  // mbarrier each): the MMA dot walks k segment by segment, every warp
+  // starting on gate 0, and waits for each block as it reaches it.
+  constexpr bool kBlockWaits = kMma && !kCluster;
   if (unsupported_here<Exchange<scalar_t>::kClusters, kMma>()) return;
   const Slice s = my_slice(p);
   const int J = p.units, S = p.state, row = p.row, Bp = p.rows_padded;
@@ -531,15 +535,27 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
     }
     if (grp.working && t > 0) load_step(t - 1);
     clk.mark(2);
-    ex.wait(parity, p.steps - 1 - t);  // all of dzh_t is in view(parity)
+    const int64_t n = p.steps - 1 - t;  // this launch's exchange
+    const bool done = t == 0 && p.grad_state0[0] == nullptr;
+    if constexpr (kBlockWaits) {
+      ex.reload(parity, n);           // the dot waits for each gate block of dzh_t
+      if (done) ex.wait_reloaded(n);  // no copy may still write to this CTA once it exits
+    } else {
+      ex.wait(parity, n);  // all of dzh_t is in view(parity)
+    }
     clk.mark(3);
-    if (t == 0 && p.grad_state0[0] == nullptr) break;
+    if (done) break;
 
     // d h_{t-1}[b, j] += sum_g sum_k dzh_t[b, g S + k] W_hh[g S + k, j]
     const scalar_t* x_cur = ex.view(parity);
     if constexpr (kMma) {  // every warp: the CTA's J x Bp products over G k segments
-      mma_dot<scalar_t>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, task,
-                        tile);
+      if constexpr (kBlockWaits) {
+        mma_dot<scalar_t, true>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, p.mstack, Bp / 8,
+                                p.ksplit, task, tile, [&](int gate) { ex.wait_block(gate, n); });
+      } else {
+        mma_dot<scalar_t>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit,
+                          task, tile);
+      }
       __syncthreads();
       clk.mark(4);
     }

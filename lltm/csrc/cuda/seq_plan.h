@@ -73,8 +73,11 @@ constexpr int reg_chunks(int gates) { return 24 / gates; }
 
 // Bytes at the start of a persistent kernel's dynamic shared memory that
 // hold the cluster exchange's two mbarriers (one per buffer parity), or the
-// grid exchange's one (its bulk reload, sm_90); the split's smem counts them.
-constexpr int kHeaderBytes = 16;
+// grid exchange's kReloadBars (its bulk reload, sm_90: one per gate block
+// of the backward's rows, so that the dot starts on the first gates while
+// the last still travel); the split's smem counts them.
+constexpr int kReloadBars = 4;
+constexpr int kHeaderBytes = 8 * kReloadBars;
 
 const char* path_name(SeqPath path);
 
