@@ -249,6 +249,28 @@ __device__ __forceinline__ TaskPlace place_task(const WarpTask& first, int task,
   return at;
 }
 
+// Runs a task's k steps through range(from, to), `walk` placed at `from`:
+// one range of the segments laid end to end (place_task's), or with
+// kSegMajor the slice's share [lo, hi) of each segment in turn,
+// before(segment) first (`mine`: the warp's first task, whose share
+// warp_task placed).
+template <bool kSegMajor, typename Range, typename Before>
+__device__ __forceinline__ void walk_task(const MmaOperands& o, int segments, int ksteps, int ksplit,
+                                          const WarpTask& first, bool mine, const TaskPlace& at,
+                                          FragmentWalk& walk, const Range& range, const Before& before) {
+  if constexpr (kSegMajor) {
+    const int lo = mine ? first.lo : slice_start(at.slice, ksteps, ksplit);
+    const int hi = mine ? first.hi : slice_start(at.slice + 1, ksteps, ksplit);
+    for (int seg = 0; seg < segments; ++seg) {
+      before(seg);
+      walk = FragmentWalk::at(o, ksteps, seg, lo, at.m0);
+      range(lo, hi);
+    }
+  } else {
+    range(at.k0, at.k1);
+  }
+}
+
 // D fragment: rows g and g + 8, columns 2t and 2t + 1 of each B tile.
 template <int NT>
 __device__ __forceinline__ void store_tile(float* tile, int slice, int mtiles, int m,
@@ -285,7 +307,7 @@ __device__ __forceinline__ void mma_dot_tiles(const MmaOperands& o, int segments
   const int total = segments * ksteps;
   for (int task = warp; task < mtiles * ksplit; task += warps) {
     FragmentWalk walk;
-    const auto [mt, slice, k0, k1] = place_task(first, task, mtiles, 1, total, ksplit, o, ksteps, walk);
+    const TaskPlace at = place_task(first, task, mtiles, 1, total, ksplit, o, ksteps, walk);
     float acc[kSets][NT][4];
 #pragma unroll
     for (int h = 0; h < kSets; ++h) {
@@ -311,18 +333,7 @@ __device__ __forceinline__ void mma_dot_tiles(const MmaOperands& o, int segments
         if (k + h < to) step(acc[h]);
       }
     };
-    if constexpr (kSegMajor) {
-      const bool mine = task == warp;
-      const int lo = mine ? first.lo : slice_start(slice, ksteps, ksplit);
-      const int hi = mine ? first.hi : slice_start(slice + 1, ksteps, ksplit);
-      for (int seg = 0; seg < segments; ++seg) {
-        before(seg);
-        walk = FragmentWalk::at(o, ksteps, seg, lo, mt);
-        range(lo, hi);
-      }
-    } else {
-      range(k0, k1);
-    }
+    walk_task<kSegMajor>(o, segments, ksteps, ksplit, first, task == warp, at, walk, range, before);
 #pragma unroll
     for (int h = 1; h < kSets; ++h) {
 #pragma unroll
@@ -331,7 +342,7 @@ __device__ __forceinline__ void mma_dot_tiles(const MmaOperands& o, int segments
         for (int i = 0; i < 4; ++i) acc[0][nt][i] += acc[h][nt][i];
       }
     }
-    store_tile<NT>(tile, slice, mtiles, mt, acc[0]);
+    store_tile<NT>(tile, at.slice, mtiles, at.m0, acc[0]);
   }
 }
 
@@ -350,7 +361,7 @@ __device__ __forceinline__ void mma_dot_stacked(const MmaOperands& o, int segmen
   const int mgroups = mtiles / MS;
   for (int task = warp; task < mgroups * ksplit; task += warps) {
     FragmentWalk walk;
-    const auto [m0, slice, k0, k1] = place_task(first, task, mgroups, MS, total, ksplit, o, ksteps, walk);
+    const TaskPlace at = place_task(first, task, mgroups, MS, total, ksplit, o, ksteps, walk);
     float acc[MS][NT][4];
 #pragma unroll
     for (int m = 0; m < MS; ++m) {
@@ -372,20 +383,9 @@ __device__ __forceinline__ void mma_dot_stacked(const MmaOperands& o, int segmen
         walk.next();
       }
     };
-    if constexpr (kSegMajor) {
-      const bool mine = task == warp;
-      const int lo = mine ? first.lo : slice_start(slice, ksteps, ksplit);
-      const int hi = mine ? first.hi : slice_start(slice + 1, ksteps, ksplit);
-      for (int seg = 0; seg < segments; ++seg) {
-        before(seg);
-        walk = FragmentWalk::at(o, ksteps, seg, lo, m0);
-        range(lo, hi);
-      }
-    } else {
-      range(k0, k1);
-    }
+    walk_task<kSegMajor>(o, segments, ksteps, ksplit, first, task == warp, at, walk, range, before);
 #pragma unroll
-    for (int m = 0; m < MS; ++m) store_tile<NT>(tile, slice, mtiles, m0 + m, acc[m]);
+    for (int m = 0; m < MS; ++m) store_tile<NT>(tile, at.slice, mtiles, at.m0 + m, acc[m]);
   }
 }
 

@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   constexpr int G = Cell::kGates, NS = Cell::kStates, NV = Cell::kSaved;
   constexpr int V = 16 / sizeof(scalar_t);  // elements per 16-byte chunk
   constexpr int kRegChunks = kRegChunksOf<Cell>;
-  constexpr bool kCluster = std::is_same_v<Exchange<scalar_t>, ClusterExchange<scalar_t>>;
+  constexpr bool kCluster = Exchange<scalar_t>::kClusterOnly;
   if (unsupported_here<Exchange<scalar_t>::kClusters, kMma>()) return;
   const Slice s = my_slice(p);
   const int J = p.units, S = p.state, row = p.row, Bp = p.rows_padded;
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   constexpr int G = Cell::kGates, NS = Cell::kStates, NV = Cell::kSaved;
   constexpr int V = 16 / sizeof(scalar_t);
   constexpr int kRegChunks = kRegChunksOf<Cell>;
-  constexpr bool kCluster = std::is_same_v<Exchange<scalar_t>, ClusterExchange<scalar_t>>;
+  constexpr bool kCluster = Exchange<scalar_t>::kClusterOnly;
   // The grid exchanges reload dzh_t's gate blocks one by one (sm_90: an
   // mbarrier each): the MMA dot walks k segment by segment, every warp
   // starting on gate 0, and waits for each block as it reaches it.
