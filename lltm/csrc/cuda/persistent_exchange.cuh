@@ -52,6 +52,13 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
 #endif
 }
 
+// Sets up the mbarrier at shared address `bar` for one arrival a phase (sm_90).
+[[maybe_unused]] __device__ __forceinline__ void mbarrier_init(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+#endif
+}
+
 // Every thread of every CTA of the cluster arrives here before any goes on;
 // what each wrote before (its mbarriers' initialisation) is then visible
 // to the cluster (sm_90).
@@ -190,7 +197,7 @@ struct ClusterExchange {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (threadIdx.x == 0) {
       for (int q = 0; q < 2; ++q) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + 8 * q) : "memory");
+        mbarrier_init(bars + 8 * q);
       }
       // The initialisation is complete before any use, this thread's arming included.
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -365,13 +372,14 @@ struct GridExchange {
     __syncthreads();
   }
 
-  __device__ void start() const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Thread 0 sets up the reload's mbarriers (sm_90).
+  __device__ void init_bars() const {
     if (threadIdx.x == 0) {
-      for (int q = 0; q < bars; ++q)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar + 8 * q) : "memory");
+      for (int q = 0; q < bars; ++q) mbarrier_init(bar + 8 * q);
     }
-#endif
+  }
+  __device__ void start() const {
+    init_bars();
     __syncthreads();
   }
 
@@ -477,11 +485,8 @@ struct MulticastExchange : GridExchange<T> {
   // the cluster's first CTA can copy into them.
   __device__ void start() const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0) {
-      for (int q = 0; q < this->bars; ++q)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(this->bar + 8 * q) : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    this->init_bars();
+    if (threadIdx.x == 0) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     cluster_barrier();
 #endif
   }
