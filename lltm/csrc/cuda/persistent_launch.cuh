@@ -329,14 +329,19 @@ bool launch(const Params& base, const at::Tensor& like) {
   params.mstack = split.mstack;
   params.ksplit = split.ksplit;
   params.w_rows = split.w_rows;
-  at::Tensor exchange, arrivals;
+  at::Tensor workspace;
   if (plan.path == SeqPath::kGrid) {
-    // Zeroed: padding past S is read as 0, and the counters start at 0.
+    // The exchange's buffers (2, rows_per B, row) and one arrival counter a
+    // chunk, in one allocation zeroed by one fill (a launch less on the
+    // stream): padding past S is read as 0, and the counters start at 0.
     const int64_t rows_per = kBackward ? Cell::kGates : 1;
-    exchange = at::zeros({2, rows_per * base.batch, split.row}, like.options());
-    arrivals = at::zeros({split.chunks}, like.options().dtype(at::kInt));
-    params.exchange = exchange.mutable_data_ptr<scalar_t>();
-    params.arrivals = reinterpret_cast<unsigned*>(arrivals.mutable_data_ptr<int>());
+    const int64_t buffer_bytes = 2 * rows_per * base.batch * split.row * int64_t(sizeof(scalar_t));
+    const int64_t counters_at = (buffer_bytes + 15) / 16 * 16;
+    workspace =
+        at::zeros({counters_at + split.chunks * int64_t(sizeof(unsigned))}, like.options().dtype(at::kByte));
+    unsigned char* bytes = workspace.mutable_data_ptr<unsigned char>();
+    params.exchange = reinterpret_cast<scalar_t*>(bytes);
+    params.arrivals = reinterpret_cast<unsigned*>(bytes + counters_at);
   }
   // The grid's multicast clusters where the device places them all (else
   // the plain kernel, each CTA copying its own rows: the same results). The
