@@ -301,7 +301,13 @@ std::vector<Split> splits(const Problem& p, SeqPath path, int group, Dot dot, co
 // DSMEM stores 67 cycles per CTA, and the loop's FMA GEMMs 0.45 of the FMA
 // rate (cuBLAS's FFMA kernels for these shapes, section 6): the settings
 // in the middle of those under which every pick is within 5% of the
-// fastest path.
+// fastest path. The per-CTA cost predates the multicast reload (S >= 768,
+// sm_90), whose step clocks put a group's cost in the rows it reloads,
+// not its CTAs: at FlashRNN's point the model ranks the forward's group 32
+// (4 chunks of 4 rows) above group 64 (2 of 8), which the measuring
+// planner finds 10% faster and runs (docs/benchmarks-history.md, section
+// 35); where nothing is timed (LLTM_SEQ_TUNE=0, deterministic algorithms)
+// group 32 runs.
 struct Model {
   double cluster_fixed = 4300;            // cell math, the step's loads, stores and exchange
   double cluster_per_cta = 67;            // each CTA a slice goes to (DSMEM stores)
