@@ -20,6 +20,7 @@
 
 #include "../lltm.h"
 #include "../precision.h"
+#include "launch_utils.h"
 #include "persistent_kernels.cuh"
 #include "seq_persistent.h"
 #include "seq_plan.h"
@@ -336,7 +337,7 @@ bool launch(const Params& base, const at::Tensor& like) {
     // stream): padding past S is read as 0, and the counters start at 0.
     const int64_t rows_per = kBackward ? Cell::kGates : 1;
     const int64_t buffer_bytes = 2 * rows_per * base.batch * split.row * int64_t(sizeof(scalar_t));
-    const int64_t counters_at = (buffer_bytes + 15) / 16 * 16;
+    const int64_t counters_at = ceil_div(buffer_bytes, 16) * 16;  // the counters 16-byte aligned
     workspace =
         at::zeros({counters_at + split.chunks * int64_t(sizeof(unsigned))}, like.options().dtype(at::kByte));
     unsigned char* bytes = workspace.mutable_data_ptr<unsigned char>();
