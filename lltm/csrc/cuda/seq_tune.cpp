@@ -203,20 +203,37 @@ std::string plan_label(const Plan& plan) {
 
 namespace {
 
+// The kinds of time loop whose cost the model fits apart: the step loop, and
+// the persistent kernels by dot.
+int dot_kind(const Plan& p) { return p.path == SeqPath::kLoop ? 0 : p.split.mma ? 1 : 2; }
+
 // The model's viable plans (the cheapest of each path, group and dot) within kTuneSpread of its
-// cheapest, cheapest first (its own pick first among equals), kTuneCandidates at most.
+// cheapest, cheapest first (its own pick first among equals), kTuneCandidates at most: the cheapest
+// of each kind, then the next cheapest. The kinds' fits err apart, so the cheapest plans of one kind
+// must not crowd out another (fp16 at B = 16, S = 128: four MMA splits within 7% of each other,
+// and an FMA split 9% above them whose forward ran 25% faster; docs/benchmarks-history.md, section 37).
 std::vector<const Plan*> candidates(const Decision& decision) {
   std::vector<const Plan*> plans{&decision.chosen};
   for (const Plan& c : decision.alternatives) {
     if (c.why_not.empty() && plan_label(c) != plan_label(decision.chosen)) plans.push_back(&c);
   }
-  std::stable_sort(plans.begin(), plans.end(),
-                   [](const Plan* a, const Plan* b) { return a->cost_us < b->cost_us; });
+  const auto by_cost = [](const Plan* a, const Plan* b) { return a->cost_us < b->cost_us; };
+  std::stable_sort(plans.begin(), plans.end(), by_cost);
   const double limit = plans.front()->cost_us * kTuneSpread;
   plans.erase(std::remove_if(plans.begin(), plans.end(), [&](const Plan* p) { return p->cost_us > limit; }),
               plans.end());
-  if (plans.size() > static_cast<size_t>(kTuneCandidates)) plans.resize(kTuneCandidates);
-  return plans;
+  if (plans.size() <= static_cast<size_t>(kTuneCandidates)) return plans;
+  std::vector<const Plan*> picked;
+  bool kind_in[3] = {};
+  for (const Plan* p : plans) {
+    if (!kind_in[dot_kind(*p)]) picked.push_back(p), kind_in[dot_kind(*p)] = true;
+  }
+  for (const Plan* p : plans) {
+    if (picked.size() >= static_cast<size_t>(kTuneCandidates)) break;
+    if (std::find(picked.begin(), picked.end(), p) == picked.end()) picked.push_back(p);
+  }
+  std::stable_sort(picked.begin(), picked.end(), by_cost);
+  return picked;
 }
 
 }  // namespace

@@ -16,8 +16,9 @@
 //     and small beside T of them, so n steps alone favour the step loop.
 //   - Candidates: at most kTuneCandidates viable plans of the model (the
 //     cheapest split of each path, group and dot: the MMA and FMA dots
-//     compete too), the cheapest first, each within kTuneSpread of the
-//     cheapest's model cost.
+//     compete too), each within kTuneSpread of the cheapest's model cost:
+//     the cheapest of each kind (step loop, MMA dot, FMA dot), then the
+//     next cheapest, timed cheapest first.
 //     The model's pick is kept unless another plan is faster by more than
 //     kTuneMargin, so that close calls do not flip with the machine's noise.
 //   - Never during CUDA graph capture (the model's choice, or a choice
