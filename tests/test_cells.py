@@ -525,6 +525,29 @@ def test_tf32_backward_k_major(monkeypatch, torch_settings, cell, path, splits):
         outputs_and_grads(run(cell, "fused"), low, lengths)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cell", SEAM, ids=lambda c: c.name)
+def test_strict_loop_on_the_fma_layouts(monkeypatch, torch_settings, cell):
+    """Strict float32's step loop at a size where its forward steps read a copy of W_hh^T and its
+    backward GEMM of a step runs in 4 parts of k (B = 256, S = 512: 32 tiles of 64 x 64, G S B S at least
+    2^24 multiply-adds), with lengths: every result within 2x the python backend's float32 error of
+    float64."""
+    torch_settings.set(matmul_tf32=False)
+    monkeypatch.setenv("LLTM_SEQ_PATH", "loop")
+    T, B, I, S = 3, 256, 8, 512
+    args = make_layer(cell, T, B, I, S, device="cuda", seed=11)
+    lengths = torch.randint(0, T + 1, (B,), generator=torch.Generator().manual_seed(3)).cuda()
+    exact = outputs_and_grads(reference(cell), _cpu(args), lengths.cpu())
+    low = _cast(args, torch.float32)
+    plain = outputs_and_grads(reference(cell), low, lengths)
+    got = outputs_and_grads(run(cell, "fused"), low, lengths)
+    for k, (g, e) in enumerate(zip(got, exact)):
+        assert torch.isfinite(g).all(), f"result {k}: unwritten or non-finite elements"
+        bound = 2 * rel_err(plain[k], e) + 1e-6
+        assert rel_err(g, e) <= bound, f"result {k}: {rel_err(g, e):.2e} (bound {bound:.2e})"
+
+
 def test_torch_func_names_the_python_backend():
     """torch.func over the cells' compiled operators is refused with an error naming backend='python',
     which supports it (per-sample gradients below)."""

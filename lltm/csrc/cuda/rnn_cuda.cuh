@@ -74,6 +74,14 @@ int64_t cell_key() {
   return static_cast<int64_t>(std::hash<std::string_view>{}(Cell::kName));
 }
 
+// From this size of a step's product (multiply-adds) on, strict float32's
+// forward steps read W_hh^T (S, G S), copied once per forward: cuBLAS's FFMA
+// kernels run h_{t-1} W_hh^T 7-17% faster on it than on W_hh read transposed
+// (B = 64 to 512, S = 512 and 1024, H200; the copy costs about one step;
+// docs/benchmarks-history.md section 37). TF32 and the half types read W_hh
+// as stored: their tensor cores want both operands K-major.
+constexpr int64_t kFmaTransposedStepMacs = int64_t(1) << 24;
+
 // The forward's loop over cuBLAS: zx holds x W_ih^T on entry.
 template <typename Cell>
 void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowMajor>& state0, at::Tensor& zx,
@@ -91,6 +99,12 @@ void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowM
   const char* w_ptr = static_cast<const char*>(w_hh.tensor.const_data_ptr());
   const unsigned int blocks = pointwise_blocks(n, a.input.get_device());
   const bool tf32 = tf32_products(false);  // the forward's cuBLAS math (precision.h)
+  const bool w_transposed =
+      dtype == c10::ScalarType::Float && !tf32 && T > 1 && B * S * GS >= kFmaTransposedStepMacs;
+  at::Tensor w_t = w_transposed ? at::empty({S, GS}, options) : at::Tensor();
+  if (w_transposed) transpose(dtype, GS, S, w_ptr, w_hh.ld, w_t.mutable_data_ptr(), GS);
+  const void* w_b = w_transposed ? w_t.const_data_ptr() : static_cast<const void*>(w_ptr);
+  const int64_t w_ld = w_transposed ? GS : w_hh.ld;
   // The launches, replayed from a CUDA graph where the same call repeats:
   // the key holds every value they bake in.
   GraphKey key = {0,
@@ -102,9 +116,10 @@ void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowM
                   w_hh.ld,
                   state0[0].ld,
                   NS > 1 ? state0[NS - 1].ld : 0,
-                  tf32_products(/*backward=*/false)};
+                  tf32_products(/*backward=*/false),
+                  w_transposed};
   for (const void* p :
-       {static_cast<const void*>(zx.const_data_ptr()), static_cast<const void*>(w_ptr),
+       {static_cast<const void*>(zx.const_data_ptr()), static_cast<const void*>(w_ptr), ptr_or_null(w_t),
         state0[0].tensor.const_data_ptr(), NS > 1 ? state0[NS - 1].tensor.const_data_ptr() : nullptr,
         ptr_or_null(a.b_ih), ptr_or_null(a.b_hh), ptr_or_null(a.lengths), output.const_data_ptr(),
         saved.const_data_ptr(), ptr_or_null(h_buf), ptr_or_null(s_buf), ptr_or_null(zh)}) {
@@ -128,16 +143,17 @@ void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowM
       p.state = S;
       for (int64_t t = 0; t < T; ++t) {
         scalar_t* zx_t = zx.mutable_data_ptr<scalar_t>() + t * B * GS;
-        // zx_t += h_{t-1} W_hh^T, or zh = h_{t-1} W_hh^T: (B, G S) = (B, S) (G S, S)^T
+        // zx_t += h_{t-1} W_hh^T, or zh = h_{t-1} W_hh^T: (B, G S) = (B, S) (G S, S)^T,
+        // or (B, S) (S, G S) from the copy
         const Gemm recurrent = {false,
-                                true,
+                                !w_transposed,
                                 B,
                                 GS,
                                 S,
                                 p.h_prev,
                                 p.h_ld,
-                                w_ptr,
-                                w_hh.ld,
+                                w_b,
+                                w_ld,
                                 !Cell::kSplit,
                                 Cell::kSplit ? zh.mutable_data_ptr() : zx_t,
                                 GS};
@@ -268,7 +284,8 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
   const int64_t w_ld = w_transposed ? GS : w_hh.ld;
   // The step's GEMM d h_{t-1} += dzh_t W_hh in `splits` parts of k, which the
   // next step's kernel adds (seq_plan.h), or one GEMM into dh.
-  const int splits = loop_dh_splits(B, S, GS, sm_count(a.input.get_device()), w_transposed);
+  const int splits = loop_dh_splits(B, S, GS, sm_count(a.input.get_device()), w_transposed,
+                                    dtype == c10::ScalarType::Float && !tf32);
   at::Tensor dh_parts =
       splits > 1 ? at::empty({splits, B, S}, options.dtype(at::toOpMathType(dtype))) : at::Tensor();
   GraphKey key = {1,

@@ -431,14 +431,23 @@ std::string plan_environment() {
   return env;
 }
 
-int loop_dh_splits(int64_t batch, int64_t state, int64_t k, int sms, bool k_major) {
+int loop_dh_splits(int64_t batch, int64_t state, int64_t k, int sms, bool k_major, bool fma) {
   int splits = read_size("LLTM_SEQ_LOOP_SPLITS", 1, 8);
   if (splits == 0) {
     const int64_t tiles = ceil_div(batch, 64) * ceil_div(state, 64);
     splits = 1;
-    // K-major TF32 parts gain past one wave: 4 parts at 512x1024 take 4% off the
-    // LLTM's forward + backward (docs/benchmarks-history.md section 31)
-    while (splits < 4 && (k_major || tiles * splits * 2 <= sms) && k / (splits * 2) >= 256) splits *= 2;
+    if (fma) {
+      // cuBLAS's FFMA kernels: 2 parts ran 1-24% slower than one GEMM at every
+      // strict point measured (LSTM and LLTM, B = 64 to 512, S = 512 and 1024);
+      // 4 parts 2-4% faster where they make one to two waves of the SMs
+      // (256x512, 512x512), and within 1% of one GEMM at 256x1024
+      // (docs/benchmarks-history.md section 37)
+      if (tiles * 8 >= sms && tiles * 4 <= 2 * int64_t(sms) && k / 4 >= 256) splits = 4;
+    } else {
+      // K-major TF32 parts gain past one wave: 4 parts at 512x1024 take 4% off the
+      // LLTM's forward + backward (docs/benchmarks-history.md section 31)
+      while (splits < 4 && (k_major || tiles * splits * 2 <= sms) && k / (splits * 2) >= 256) splits *= 2;
+    }
   }
   while (splits > 1 && k % splits != 0) --splits;
   return splits;
