@@ -89,6 +89,39 @@ def test_a_new_class_is_timed_once_and_its_choice_reported():
         torch.testing.assert_close(g, w, rtol=2e-4, atol=2e-5)
 
 
+def _kinds(report: str) -> dict[str, float]:
+    """The model's cheapest plan of each kind (loop, mma, fma): its cost in µs, from the plan report."""
+    line = next(line for line in report.splitlines() if line.strip().startswith("cheapest of each kind:"))
+    return {kind: float(cost) for kind, cost in re.findall(r"(\w+) ([\d.e+-]+) us;", line)}
+
+
+def _timed_kinds(measured: str) -> set[str]:
+    """The kinds of the plans a "measured:" line timed (labels as seq_tune.cpp's plan_label writes them)."""
+    labels = re.findall(r"(?:: |; )((?:cluster|grid)[\w:-]*|loop) (?:\d+ us|failed)", measured)
+    return {"loop" if label == "loop" else "mma" if ":mma:" in label else "fma" for label in labels}
+
+
+def test_the_cheapest_plan_of_each_kind_is_timed():
+    """The tuner times the cheapest plan of each kind within its spread (the step loop, the MMA dot and
+    the FMA dot, whose costs the model fits apart) before the next cheapest of any kind: at fp16,
+    B = 16, S = 128 the model's four cheapest plans are MMA splits, and the FMA split 9% above them
+    is timed too (its forward ran 25% faster on an H200)."""
+    T, B, S = 40, 16, 128
+    kinds = _kinds(_report(False, T, B, S, torch.float16))
+    if "mma" not in kinds:
+        pytest.skip("no tensor-core kernels for this device or build")
+    eligible = {kind for kind, cost in kinds.items() if cost <= 2 * min(kinds.values())}
+    assert len(eligible) >= 2, kinds  # this size's model: at least the MMA and FMA dots within 2x
+    torch.manual_seed(0)
+    layer = lltm.LSTM(S, S, backend="fused").cuda().half()
+    with torch.no_grad():
+        layer(torch.randn(T, B, S, device="cuda", dtype=torch.float16))
+    report = _report(False, T, B, S, torch.float16)
+    measured = [line for line in report.splitlines() if line.startswith("measured: ")]
+    assert measured, report
+    assert _timed_kinds(measured[0]) >= eligible, report
+
+
 def test_timing_off_by_environment(monkeypatch):
     monkeypatch.setenv("LLTM_SEQ_TUNE", "0")
     T, B, S = 20, 26, 88

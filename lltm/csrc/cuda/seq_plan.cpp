@@ -579,6 +579,18 @@ std::string describe(const Problem& p, const Decision& decision) {
     }
     os << " model_us=" << c.cost_us;
   }
+  // The cheapest viable plan of each kind (the alternatives hold the cheapest
+  // split of every path, group and dot), as the measuring planner sees them.
+  const Plan* cheapest[kPlanKinds] = {};
+  for (const Plan& c : decision.alternatives) {
+    const Plan*& best = cheapest[static_cast<int>(plan_kind(c))];
+    if (c.why_not.empty() && (best == nullptr || c.cost_us < best->cost_us)) best = &c;
+  }
+  os << "\n  cheapest of each kind:";
+  const char* const names[kPlanKinds] = {"loop", "mma", "fma"};
+  for (int k = 0; k < kPlanKinds; ++k) {
+    if (cheapest[k] != nullptr) os << " " << names[k] << " " << cheapest[k]->cost_us << " us;";
+  }
   return os.str();
 }
 

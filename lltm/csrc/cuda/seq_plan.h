@@ -124,6 +124,15 @@ struct Plan {
   std::string why_not;  // set on candidates that cannot run
 };
 
+// The kinds of time loop whose costs the model fits apart: the step loop and
+// the persistent kernels by dot. The measuring planner times the cheapest of
+// each kind (seq_tune.h); the plan report lists them.
+enum class PlanKind { kLoop, kMma, kFma };
+constexpr int kPlanKinds = 3;
+inline PlanKind plan_kind(const Plan& p) {
+  return p.path == SeqPath::kLoop ? PlanKind::kLoop : p.split.mma ? PlanKind::kMma : PlanKind::kFma;
+}
+
 // The problem: one direction of one layer.
 struct Problem {
   const char* cell = "lltm";  // the cell (cells/registry.h)
@@ -167,7 +176,8 @@ struct Decision {
 // environment allows), or raises where a forced path cannot run.
 Decision plan_time_loop(const Problem& problem, const DeviceLimits& device, const ResidentChunks& resident);
 
-// One line per candidate, with the model's numbers and the choice.
+// The choice, one line per candidate with the model's numbers, and the
+// cheapest plan of each kind ("cheapest of each kind: loop C us; mma C us; ...").
 std::string describe(const Problem& problem, const Decision& decision);
 
 // The values of the settings above that change a plan (LLTM_SEQ_PATH,

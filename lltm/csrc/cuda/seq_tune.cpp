@@ -203,10 +203,6 @@ std::string plan_label(const Plan& plan) {
 
 namespace {
 
-// The kinds of time loop whose cost the model fits apart: the step loop, and
-// the persistent kernels by dot.
-int dot_kind(const Plan& p) { return p.path == SeqPath::kLoop ? 0 : p.split.mma ? 1 : 2; }
-
 // The model's viable plans (the cheapest of each path, group and dot) within kTuneSpread of its
 // cheapest, cheapest first (its own pick first among equals), kTuneCandidates at most: the cheapest
 // of each kind, then the next cheapest. The kinds' fits err apart, so the cheapest plans of one kind
@@ -224,9 +220,10 @@ std::vector<const Plan*> candidates(const Decision& decision) {
               plans.end());
   if (plans.size() <= static_cast<size_t>(kTuneCandidates)) return plans;
   std::vector<const Plan*> picked;
-  bool kind_in[3] = {};
+  bool kind_in[kPlanKinds] = {};
   for (const Plan* p : plans) {
-    if (!kind_in[dot_kind(*p)]) picked.push_back(p), kind_in[dot_kind(*p)] = true;
+    bool& in = kind_in[static_cast<int>(plan_kind(*p))];
+    if (!in) picked.push_back(p), in = true;
   }
   for (const Plan* p : plans) {
     if (picked.size() >= static_cast<size_t>(kTuneCandidates)) break;
