@@ -439,8 +439,8 @@ int loop_dh_splits(int64_t batch, int64_t state, int64_t k, int sms, bool k_majo
     if (fma) {
       // cuBLAS's FFMA kernels: 2 parts ran 1-24% slower than one GEMM at every
       // strict point measured (LSTM and LLTM, B = 64 to 512, S = 512 and 1024);
-      // 4 parts 2-4% faster where they make one to two waves of the SMs
-      // (256x512, 512x512), and within 1% of one GEMM at 256x1024
+      // 4 parts 2-4% faster where their tiles make half a wave to two waves of
+      // the SMs (256x512, 512x512), and within 1% of one GEMM at 256x1024
       // (docs/benchmarks-history.md section 37)
       if (tiles * 8 >= sms && tiles * 4 <= 2 * int64_t(sms) && k / 4 >= 256) splits = 4;
     } else {

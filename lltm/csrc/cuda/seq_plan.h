@@ -195,8 +195,8 @@ std::string plan_environment();
 // 64 x 64 tiles of (B, S) times the parts within one wave of the `sms` SMs,
 // up to 4, each part at least 256 long; with W_hh^T (`k_major`: TF32's
 // K-major operands) up to 4 whatever the waves. On the FMA units (`fma`:
-// strict float32) 4 parts where they make one to two waves of the SMs, else
-// one GEMM. Always a divisor of k.
+// strict float32) 4 parts where their tiles make half a wave to two waves of
+// the SMs, else one GEMM. Always a divisor of k.
 int loop_dh_splits(int64_t batch, int64_t state, int64_t k, int sms, bool k_major, bool fma);
 
 }  // namespace cuda_detail
