@@ -82,6 +82,27 @@ int64_t cell_key() {
 // as stored: their tensor cores want both operands K-major.
 constexpr int64_t kFmaTransposedStepMacs = int64_t(1) << 24;
 
+// W_hh (G S, S) for a step loop's GEMMs: as stored, or where `transposed` a
+// copy of W_hh^T (S, G S), made once per call.
+struct StepWeights {
+  at::Tensor copy;  // the copy, else undefined
+  const void* data;
+  int64_t ld;
+};
+inline StepWeights step_weights(c10::ScalarType dtype, const RowMajor& w_hh, int64_t GS, int64_t S,
+                                bool transposed, const at::TensorOptions& options) {
+  if (!transposed) return {at::Tensor(), w_hh.tensor.const_data_ptr(), w_hh.ld};
+  at::Tensor copy = at::empty({S, GS}, options);
+  transpose(dtype, GS, S, w_hh.tensor.const_data_ptr(), w_hh.ld, copy.mutable_data_ptr(), GS);
+  return {copy, copy.const_data_ptr(), GS};
+}
+
+// Whether a pass's step products of `dtype` run on cuBLAS's FFMA kernels:
+// float32 where lltm's mode keeps them strict (precision.h).
+inline bool strict_float32_products(c10::ScalarType dtype, bool backward) {
+  return dtype == c10::ScalarType::Float && !tf32_products(backward);
+}
+
 // The forward's loop over cuBLAS: zx holds x W_ih^T on entry.
 template <typename Cell>
 void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowMajor>& state0, at::Tensor& zx,
@@ -100,11 +121,8 @@ void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowM
   const unsigned int blocks = pointwise_blocks(n, a.input.get_device());
   const bool tf32 = tf32_products(false);  // the forward's cuBLAS math (precision.h)
   const bool w_transposed =
-      dtype == c10::ScalarType::Float && !tf32 && T > 1 && B * S * GS >= kFmaTransposedStepMacs;
-  at::Tensor w_t = w_transposed ? at::empty({S, GS}, options) : at::Tensor();
-  if (w_transposed) transpose(dtype, GS, S, w_ptr, w_hh.ld, w_t.mutable_data_ptr(), GS);
-  const void* w_b = w_transposed ? w_t.const_data_ptr() : static_cast<const void*>(w_ptr);
-  const int64_t w_ld = w_transposed ? GS : w_hh.ld;
+      strict_float32_products(dtype, false) && T > 1 && B * S * GS >= kFmaTransposedStepMacs;
+  const StepWeights w = step_weights(dtype, w_hh, GS, S, w_transposed, options);
   // The launches, replayed from a CUDA graph where the same call repeats:
   // the key holds every value they bake in.
   GraphKey key = {0,
@@ -116,10 +134,9 @@ void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowM
                   w_hh.ld,
                   state0[0].ld,
                   NS > 1 ? state0[NS - 1].ld : 0,
-                  tf32_products(/*backward=*/false),
-                  w_transposed};
+                  tf32_products(/*backward=*/false)};
   for (const void* p :
-       {static_cast<const void*>(zx.const_data_ptr()), static_cast<const void*>(w_ptr), ptr_or_null(w_t),
+       {static_cast<const void*>(zx.const_data_ptr()), static_cast<const void*>(w_ptr), ptr_or_null(w.copy),
         state0[0].tensor.const_data_ptr(), NS > 1 ? state0[NS - 1].tensor.const_data_ptr() : nullptr,
         ptr_or_null(a.b_ih), ptr_or_null(a.b_hh), ptr_or_null(a.lengths), output.const_data_ptr(),
         saved.const_data_ptr(), ptr_or_null(h_buf), ptr_or_null(s_buf), ptr_or_null(zh)}) {
@@ -152,8 +169,8 @@ void forward_loop(const RnnArgs& a, const RowMajor& w_hh, const std::vector<RowM
                                 S,
                                 p.h_prev,
                                 p.h_ld,
-                                w_b,
-                                w_ld,
+                                w.data,
+                                w.ld,
                                 !Cell::kSplit,
                                 Cell::kSplit ? zh.mutable_data_ptr() : zx_t,
                                 GS};
@@ -278,14 +295,11 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
   // docs/benchmarks-history.md section 30). Not for small GEMMs, where the
   // copy would cost more than the steps gain.
   const bool w_transposed = k_major_tf32(dtype, B * S * GS, kKMajorStepMacs);
-  at::Tensor w_t = w_transposed ? at::empty({S, GS}, options) : at::Tensor();
-  if (w_transposed) transpose(dtype, GS, S, w_ptr, w_hh.ld, w_t.mutable_data_ptr(), GS);
-  const void* w_b = w_transposed ? w_t.const_data_ptr() : static_cast<const void*>(w_ptr);
-  const int64_t w_ld = w_transposed ? GS : w_hh.ld;
+  const StepWeights w = step_weights(dtype, w_hh, GS, S, w_transposed, options);
   // The step's GEMM d h_{t-1} += dzh_t W_hh in `splits` parts of k, which the
   // next step's kernel adds (seq_plan.h), or one GEMM into dh.
   const int splits = loop_dh_splits(B, S, GS, sm_count(a.input.get_device()), w_transposed,
-                                    dtype == c10::ScalarType::Float && !tf32);
+                                    strict_float32_products(dtype, true));
   at::Tensor dh_parts =
       splits > 1 ? at::empty({splits, B, S}, options.dtype(at::toOpMathType(dtype))) : at::Tensor();
   GraphKey key = {1,
@@ -304,7 +318,7 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
         ds.const_data_ptr(), saved.const_data_ptr(), output.const_data_ptr(),
         state0[0].tensor.const_data_ptr(), ptr_or_null(states),
         NS > 1 ? state0[NS - 1].tensor.const_data_ptr() : nullptr, ptr_or_null(a.lengths),
-        dzx.const_data_ptr(), ptr_or_null(dzh), static_cast<const void*>(w_ptr), ptr_or_null(w_t)}) {
+        dzx.const_data_ptr(), ptr_or_null(dzh), static_cast<const void*>(w_ptr), ptr_or_null(w.copy)}) {
     key_add(key, p);
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "lltm_fused_rnn_backward", [&] {
@@ -345,7 +359,7 @@ void backward_loop(const RnnArgs& a, const RnnBackwardArgs& from, const RowMajor
           // d h_{t-1} += dzh_t W_hh: (B, S) = (B, G S) (G S, S)
           // in parts (each into its slice of `parts`; the next step's kernel adds them) or into dh
           void* c = splits > 1 ? static_cast<void*>(parts) : static_cast<void*>(p.dh_out);
-          const Gemm recurrent = {false, w_transposed, B, S, GS, dzh_t, GS, w_b, w_ld, splits == 1, c, S};
+          const Gemm recurrent = {false, w_transposed, B, S, GS, dzh_t, GS, w.data, w.ld, splits == 1, c, S};
           if (splits > 1) {
             run_gemm_split_k(dtype, recurrent, splits, tf32);
           } else {
