@@ -587,11 +587,19 @@ std::string describe(const Problem& p, const Decision& decision) {
     if (c.why_not.empty() && (best == nullptr || c.cost_us < best->cost_us)) best = &c;
   }
   os << "\n  cheapest of each kind:";
-  const char* const names[kPlanKinds] = {"loop", "mma", "fma"};
   for (int k = 0; k < kPlanKinds; ++k) {
-    if (cheapest[k] != nullptr) os << " " << names[k] << " " << cheapest[k]->cost_us << " us;";
+    if (cheapest[k] != nullptr) {
+      os << " " << plan_kind_name(static_cast<PlanKind>(k)) << " " << cheapest[k]->cost_us << " us;";
+    }
   }
   return os.str();
+}
+
+const char* plan_kind_name(PlanKind kind) {
+  static const char* const names[kPlanKinds] = {
+      "loop",     "cluster-mma",   "cluster-fma-regs", "cluster-fma-smem",
+      "grid-mma", "grid-fma-regs", "grid-fma-smem"};
+  return names[static_cast<int>(kind)];
 }
 
 }  // namespace cuda_detail

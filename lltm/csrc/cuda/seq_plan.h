@@ -124,14 +124,28 @@ struct Plan {
   std::string why_not;  // set on candidates that cannot run
 };
 
-// The kinds of time loop whose costs the model fits apart: the step loop and
-// the persistent kernels by dot. The measuring planner times the cheapest of
-// each kind (seq_tune.h); the plan report lists them.
-enum class PlanKind { kLoop, kMma, kFma };
-constexpr int kPlanKinds = 3;
+// The kinds of time loop whose costs the model fits apart: the step loop,
+// and the persistent kernels by path (cluster, grid) and dot (MMA; FMA with
+// W_h's slice in registers or in shared memory). The measuring planner times
+// the cheapest of each kind (seq_tune.h); the plan report lists them.
+enum class PlanKind {
+  kLoop,
+  kClusterMma,
+  kClusterFmaRegs,
+  kClusterFmaSmem,
+  kGridMma,
+  kGridFmaRegs,
+  kGridFmaSmem
+};
+constexpr int kPlanKinds = 7;
 inline PlanKind plan_kind(const Plan& p) {
-  return p.path == SeqPath::kLoop ? PlanKind::kLoop : p.split.mma ? PlanKind::kMma : PlanKind::kFma;
+  if (p.path == SeqPath::kLoop) return PlanKind::kLoop;
+  const int dot = p.split.mma ? 0 : p.split.w_regs ? 1 : 2;
+  return static_cast<PlanKind>((p.path == SeqPath::kCluster ? 1 : 4) + dot);
 }
+// "loop", "cluster-mma", "cluster-fma-regs", ..., "grid-fma-smem": the
+// report's names, which the plan labels' path and dot fields give too.
+const char* plan_kind_name(PlanKind kind);
 
 // The problem: one direction of one layer.
 struct Problem {
@@ -177,7 +191,7 @@ struct Decision {
 Decision plan_time_loop(const Problem& problem, const DeviceLimits& device, const ResidentChunks& resident);
 
 // The choice, one line per candidate with the model's numbers, and the
-// cheapest plan of each kind ("cheapest of each kind: loop C us; mma C us; ...").
+// cheapest plan of each kind ("cheapest of each kind: loop C us; grid-mma C us; ...").
 std::string describe(const Problem& problem, const Decision& decision);
 
 // The values of the settings above that change a plan (LLTM_SEQ_PATH,

@@ -206,8 +206,10 @@ namespace {
 // The model's viable plans (the cheapest of each path, group and dot) within kTuneSpread of its
 // cheapest, cheapest first (its own pick first among equals), kTuneCandidates at most: the cheapest
 // of each kind, then the next cheapest. The kinds' fits err apart, so the cheapest plans of one kind
-// must not crowd out another (fp16 at B = 16, S = 128: four MMA splits within 7% of each other,
-// and an FMA split 9% above them whose forward ran 25% faster; docs/benchmarks-history.md, section 37).
+// must not crowd out another: at fp16, B = 16, S = 128 four MMA splits within 7% of each other
+// hid an FMA split 9% above them whose forward ran 25% faster (docs/benchmarks-history.md,
+// section 37), and in strict float32 at B = 64, S = 128 the FMA dot's grid splits hid a cluster
+// split with W_h in registers, 12% faster forward and backward (section 38).
 std::vector<const Plan*> candidates(const Decision& decision) {
   std::vector<const Plan*> plans{&decision.chosen};
   for (const Plan& c : decision.alternatives) {
@@ -221,7 +223,8 @@ std::vector<const Plan*> candidates(const Decision& decision) {
   if (plans.size() <= static_cast<size_t>(kTuneCandidates)) return plans;
   std::vector<const Plan*> picked;
   bool kind_in[kPlanKinds] = {};
-  for (const Plan* p : plans) {
+  for (const Plan* p : plans) {  // the model's pick is the first: it is always timed
+    if (picked.size() >= static_cast<size_t>(kTuneCandidates)) break;
     bool& in = kind_in[static_cast<int>(plan_kind(*p))];
     if (!in) picked.push_back(p), in = true;
   }

@@ -17,8 +17,10 @@
 //   - Candidates: at most kTuneCandidates viable plans of the model (the
 //     cheapest split of each path, group and dot: the MMA and FMA dots
 //     compete too), each within kTuneSpread of the cheapest's model cost:
-//     the cheapest of each kind (step loop, MMA dot, FMA dot), then the
-//     next cheapest, timed cheapest first.
+//     the cheapest of each kind (the step loop; the cluster and grid
+//     kernels with the MMA dot, the FMA dot from registers and from shared
+//     memory: seq_plan.h's PlanKind), then the next cheapest, timed
+//     cheapest first.
 //     The model's pick is kept unless another plan is faster by more than
 //     kTuneMargin, so that close calls do not flip with the machine's noise.
 //   - Never during CUDA graph capture (the model's choice, or a choice
@@ -51,7 +53,7 @@ inline int64_t tune_steps(int64_t steps, int64_t step_bytes) {
   const int64_t fit = step_bytes > 0 ? kTuneBytes / step_bytes : kTuneSteps;
   return std::max<int64_t>(1, std::min({steps, kTuneSteps, fit}));
 }
-constexpr int kTuneCandidates = 4;
+constexpr int kTuneCandidates = 6;
 constexpr double kTuneSpread = 2.0;
 constexpr double kTuneMargin = 0.05;
 
