@@ -445,6 +445,35 @@ def test_seq_sweep_summary_against_the_targets():
     assert "| 90 | 0.90 |" in row
 
 
+def test_seq_sweep_planner_by_trial_times():
+    """The planner's pick against the fastest plan any row's planner timed, from the plan reports'
+    "measured:" lines (the trials' GPU times at the call's T, forward plus backward); None where
+    the pick was not timed (the model's single candidate)."""
+    from lltm.bench.seq_sweep import summary, trial_pick_ratio
+
+    def measured(chosen: str, times: dict[str, int]) -> str:
+        listed = "; ".join(f"{label} {us} us ({us // 4}, {us // 2})" for label, us in times.items())
+        path = chosen.split(":")[0]
+        head = f"lltm forward T=100 B=16 S=128 elem=2: {path}\n  loop model_us=1\n"
+        return head + f"measured: {path} ({chosen}; timed over 16 and 32 steps, at T=100: {listed})"
+
+    auto = [
+        measured("grid:2:fma-regs:nb1:ks4:t256", {"grid:2:fma-regs:nb1:ks4:t256": 181, "loop": 500}),
+        measured("grid:2:fma-regs:nb1:ks4:t256", {"grid:2:fma-regs:nb1:ks4:t256": 204, "grid:4:mma:nb1:ks1:t256": 240}),
+    ]
+    cluster = [
+        measured("cluster:4:fma-regs:nb2:ks4:t256", {"cluster:4:fma-regs:nb2:ks4:t256": 159}),
+        measured("cluster:4:fma-regs:nb2:ks4:t256", {"cluster:4:fma-regs:nb2:ks4:t256": 174, "loop": 600}),
+    ]
+    point = {"plans": {"auto": auto, "cluster-fma": cluster, "loop": ["loop model_us=1", "loop model_us=1"]}}
+    assert trial_pick_ratio(point) == pytest.approx((181 + 204) / (159 + 174))
+    point["plans"]["auto"] = [auto[0], "lltm backward T=100 B=16 S=128 elem=2: grid"]  # a model pick
+    assert trial_pick_ratio(point) is None
+    times = {"grid": (1.0, 0.0), "auto": (1.0, 0.0), "lstm": (1.0, 0.0), "lstm-notf32": (1.0, 0.0)}
+    points = [{"plans": {"auto": auto, "cluster-fma": cluster}, "times": times}, {"times": times}]
+    assert "(trial GPU times): max 1.16, median 1.16, within 1.10 at 0 of 1 points" in summary(points, ["grid"])
+
+
 def test_step_phases_reads_the_kernels_phase_lines():
     """lltm.bench.step_phases parses the profiling build's device printf (one
     line per launch) into phase -> cycles, ignores other output, and its

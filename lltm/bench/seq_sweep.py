@@ -133,12 +133,13 @@ def trial_pick_ratio(point: dict) -> Optional[float]:
     """The planner's pick against the fastest plan any row's planner timed, by the trials' GPU
     times (forward plus backward): where the host, not the device, bounds a layer's f+b (the
     small points), the Timer rows of one plan differ by more than the plans do."""
+    plans = point.get("plans", {})
     picked, best = 0.0, 0.0
     for direction in (0, 1):
         seen: dict[str, float] = {}
-        for reports in point["plans"].values():
+        for reports in plans.values():
             seen.update({k: min(v, seen.get(k, v)) for k, v in _trials(reports[direction])[1].items()})
-        chosen = _trials(point["plans"].get("auto", ["", ""])[direction])[0]
+        chosen = _trials(plans.get("auto", ["", ""])[direction])[0]
         if chosen is None or chosen not in seen:
             return None
         picked += seen[chosen]
