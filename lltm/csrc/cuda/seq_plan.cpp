@@ -589,17 +589,15 @@ std::string describe(const Problem& p, const Decision& decision) {
   os << "\n  cheapest of each kind:";
   for (int k = 0; k < kPlanKinds; ++k) {
     if (cheapest[k] != nullptr) {
-      os << " " << plan_kind_name(static_cast<PlanKind>(k)) << " " << cheapest[k]->cost_us << " us;";
+      os << " " << plan_kind_name(*cheapest[k]) << " " << cheapest[k]->cost_us << " us;";
     }
   }
   return os.str();
 }
 
-const char* plan_kind_name(PlanKind kind) {
-  static const char* const names[kPlanKinds] = {
-      "loop",     "cluster-mma",   "cluster-fma-regs", "cluster-fma-smem",
-      "grid-mma", "grid-fma-regs", "grid-fma-smem"};
-  return names[static_cast<int>(kind)];
+std::string plan_kind_name(const Plan& p) {
+  if (p.path == SeqPath::kLoop) return "loop";
+  return std::string(path_name(p.path)) + "-" + dot_label(p.split);
 }
 
 }  // namespace cuda_detail

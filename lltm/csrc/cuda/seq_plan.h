@@ -143,9 +143,12 @@ inline PlanKind plan_kind(const Plan& p) {
   const int dot = p.split.mma ? 0 : p.split.w_regs ? 1 : 2;
   return static_cast<PlanKind>((p.path == SeqPath::kCluster ? 1 : 4) + dot);
 }
-// "loop", "cluster-mma", "cluster-fma-regs", ..., "grid-fma-smem": the
-// report's names, which the plan labels' path and dot fields give too.
-const char* plan_kind_name(PlanKind kind);
+// A persistent split's dot as plan labels and kind names write it: "mma",
+// "fma-regs" or "fma-smem".
+inline const char* dot_label(const Split& s) { return s.mma ? "mma" : s.w_regs ? "fma-regs" : "fma-smem"; }
+// The kind of `p` as the plan report names it: "loop", or path and dot
+// ("cluster-mma", "grid-fma-regs", ...).
+std::string plan_kind_name(const Plan& p);
 
 // The problem: one direction of one layer.
 struct Problem {

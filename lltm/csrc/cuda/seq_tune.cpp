@@ -192,11 +192,8 @@ std::string plan_label(const Plan& plan) {
   if (plan.path == SeqPath::kLoop) return "loop";
   const Split& s = plan.split;
   std::ostringstream os;
-  os << path_name(plan.path) << ":" << s.group << ":"
-     << (s.mma      ? "mma"
-         : s.w_regs ? "fma-regs"
-                    : "fma-smem")
-     << ":nb" << s.per_thread << ":ks" << s.ks << ":t" << s.threads;
+  os << path_name(plan.path) << ":" << s.group << ":" << dot_label(s) << ":nb" << s.per_thread << ":ks"
+     << s.ks << ":t" << s.threads;
   if (s.multicast > 1) os << ":mc" << s.multicast;
   return os.str();
 }
