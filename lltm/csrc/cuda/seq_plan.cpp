@@ -306,8 +306,10 @@ std::vector<Split> splits(const Problem& p, SeqPath path, int group, Dot dot, co
 // not its CTAs: at FlashRNN's point the model ranks the forward's group 32
 // (4 chunks of 4 rows) above group 64 (2 of 8), which the measuring
 // planner finds 10% faster and runs (docs/benchmarks-history.md, section
-// 35); where nothing is timed (LLTM_SEQ_TUNE=0, deterministic algorithms)
-// group 32 runs.
+// 35), and puts the backward on the step loop (grid 32: 7,172 us modelled,
+// 3,416 timed; the loop 4,957 and 5,382): where nothing is timed
+// (LLTM_SEQ_TUNE=0, deterministic algorithms) the layer's forward +
+// backward there takes 2x the tuned plans' time (section 39).
 struct Model {
   double cluster_fixed = 4300;            // cell math, the step's loads, stores and exchange
   double cluster_per_cta = 67;            // each CTA a slice goes to (DSMEM stores)
