@@ -27,8 +27,8 @@ def _stats() -> tuple[int, int, int]:
     return tuple(torch.ops.lltm._fused_cuda_seq_tune_stats())
 
 
-def _report(backward: bool, T: int, B: int, S: int, dtype=torch.float32) -> str:
-    return torch.ops.lltm._fused_cuda_seq_plan(backward, T, B, S, dtype, torch.cuda.current_device(), "lstm")
+def _report(backward: bool, T: int, B: int, S: int, dtype=torch.float32, cell: str = "lstm") -> str:
+    return torch.ops.lltm._fused_cuda_seq_plan(backward, T, B, S, dtype, torch.cuda.current_device(), cell)
 
 
 def _candidates(report: str) -> int:
@@ -119,8 +119,7 @@ def test_the_cheapest_plan_of_each_kind_is_timed(torch_settings, cell, dtype, tf
     the next cheapest of any kind: six plans at most."""
     T = 40
     torch_settings.set(matmul_tf32=tf32)
-    report = torch.ops.lltm._fused_cuda_seq_plan(False, T, B, S, dtype, torch.cuda.current_device(), cell)
-    kinds = _kinds(report)
+    kinds = _kinds(_report(False, T, B, S, dtype, cell))
     eligible = sorted((cost, kind) for kind, cost in kinds.items() if cost <= 2 * min(kinds.values()))
     if len(eligible) < 2:
         pytest.skip(f"the model leaves one kind within its spread on this device: {kinds}")
@@ -129,7 +128,7 @@ def test_the_cheapest_plan_of_each_kind_is_timed(torch_settings, cell, dtype, tf
     layer = make(S, S, backend="fused").to(device="cuda", dtype=dtype)
     with torch.no_grad():
         layer(torch.randn(T, B, S, device="cuda", dtype=dtype))
-    report = torch.ops.lltm._fused_cuda_seq_plan(False, T, B, S, dtype, torch.cuda.current_device(), cell)
+    report = _report(False, T, B, S, dtype, cell)
     measured = [line for line in report.splitlines() if line.startswith("measured: ")]
     assert measured, report
     assert _timed_kinds(measured[0]) >= {kind for _, kind in eligible[:6]}, report
