@@ -1,8 +1,8 @@
 // The time-loop planner of the fused CUDA sequence ops (see seq_plan.h).
 //
 // The cost model, per step of one direction, in cycles of one SM (the
-// constants were fitted to `python -m lltm.bench.seq_sweep` on an H100 and
-// are written down in docs/benchmarks.md with the fit):
+// constants were fitted to the measuring planner's trial times on an H200:
+// see Model below and docs/benchmarks-history.md, section 40):
 //
 //   persistent (cluster, grid):
 //     dot      max(issue, smem): a thread group's dot products over its k
@@ -12,10 +12,12 @@
 //     reduce   a shuffle butterfly over the KS lanes of a group
 //     exchange cluster: stores to C CTAs + the wait on an mbarrier;
 //              grid: one global store, the group's arrival counter, and the
-//              reload of all exchanged rows from L2
+//              reload of all exchanged rows from L2 (shared by a multicast
+//              cluster)
 //     fixed    the cell math and the step's loads, a constant per path
-//   loop: one GEMM and one pointwise kernel per step from a CUDA graph,
-//     each max(a floor, its FLOPs or bytes at the device's rate).
+//   loop: one GEMM and one pointwise kernel per step from a CUDA graph:
+//     the GEMM's FLOPs at a share of the device's rate, the pointwise
+//     kernel's bytes at a rate or its fixed cost, whichever is larger.
 //
 // A persistent plan's time is waves x (launch + steps x step); the loop's
 // steps x step. The planner needs no precision from the model where one
@@ -284,58 +286,49 @@ std::vector<Split> splits(const Problem& p, SeqPath path, int group, Dot dot, co
 
 // ------------------------------------------------------------- the model
 
-// Fitted constants (cycles unless said; see the file comment): a
-// least-squares fit of log time over 184 measured (size, dtype, direction,
-// path) points of the T = 100 grid on an H100, then two corrections from the
-// sweeps with interleaved rounds (docs/benchmarks.md): the grid's fixed cost
-// (+900 cycles: a step of the grid kernel at T = 1000, B = 16, S = 128 took
-// 0.48 us more than the cluster kernel's, where the fit had them equal) and
-// the half-precision loop (0.8x). The exchanges' fixed costs then moved by
-// what a step lost with the mbarrier exchange of the cluster kernels
-// (-1000 cycles) and the release-add arrival of the grid kernels (-200),
-// measured per phase at T = 1000 (lltm.bench.step_phases). W_h in
-// registers then moved the kernels' balance: against the strict float32
-// sweep of docs/benchmarks.md section 10 (32 points and directions, each
-// path forced) the grid's fixed cost became 4400 + 60 cycles per CTA of the
-// group (one arrival counter: the group's adds meet there), a cluster's
-// DSMEM stores 67 cycles per CTA, and the loop's FMA GEMMs 0.45 of the FMA
-// rate (cuBLAS's FFMA kernels for these shapes, section 6): the settings
-// in the middle of those under which every pick is within 5% of the
-// fastest path. The per-CTA cost predates the multicast reload (S >= 768,
-// sm_90), whose step clocks put a group's cost in the rows it reloads,
-// not its CTAs: at FlashRNN's point the model ranks the forward's group 32
-// (4 chunks of 4 rows) above group 64 (2 of 8), which the measuring
-// planner finds 10% faster and runs (docs/benchmarks-history.md, section
-// 35), and puts the backward on the step loop (grid 32: 7,172 us modelled,
-// 3,416 timed; the loop 4,957 and 5,382): where nothing is timed
-// (LLTM_SEQ_TUNE=0, deterministic algorithms) the layer's forward +
-// backward there takes 2x the tuned plans' time (section 39).
+// Fitted constants (cycles unless said; see the file comment). The
+// measuring planner's trial times are the data: every viable plan of a
+// class timed (up to 14 a class), on an H200 (sm_90, multicast reloads,
+// the per-gate mbarriers of the backward's reload), for the LLTM, LSTM and
+// GRU, forward and backward, in fp16, TF32 and strict float32, over the
+// T = 100 grid (B 16..512 x S 128..1024), at FlashRNN's point (fp16,
+// T = 1024, B = 16, S = 768) and at T = 1000, B = 16, S = 128: 300
+// classes. A least-squares fit of log time (plans within 1.5x of a
+// class's fastest weighted most), then a local search on the picks: the
+// sum over classes of log(time of the model's pick / the fastest time).
+// Against the constants before (fitted on an H100 before multicast), the
+// model's pick is more than 10% slower than the fastest timed plan in 15
+// classes instead of 74, and the sum of log ratios falls from 23.2 to 4.3
+// (docs/benchmarks-history.md, section 40). The three terms added with it:
+// the FMA dot from registers at 0.71 of its modelled cycles, the cluster
+// MMA dot at 1.34x (its DSMEM stores meet the dot's shared-memory reads),
+// and a multicast cluster of M CTAs dividing the reload's L2 time by
+// sqrt(M). The loop's GEMM floors went to 0 (a step's fixed cost is the
+// pointwise term's).
 struct Model {
-  double cluster_fixed = 4300;            // cell math, the step's loads, stores and exchange
-  double cluster_per_cta = 67;            // each CTA a slice goes to (DSMEM stores)
-  double grid_fixed = 4400;               // the same with the arrival counter
-  double grid_per_cta = 60;               // each CTA of the group at the counter
-  double grid_l2_bytes_per_cycle = 13.4;  // exchanged rows reloaded from L2, per SM
-  double issue_factor = 2.27;             // issue and dependency stalls per instruction
-  double backward_factor = 1.16;          // backward's three passes over W_h^T and d_pre
-  double launch_us = 5;                   // one persistent launch with its W_h load
-  double loop_pointwise_us = 4.9;         // a step's pointwise kernel and graph-node gaps
-  double loop_gemm_floor_us = 3.6;        // a small GEMM on the FMA units
-  double loop_gemm_floor_tc_us = 0.5;     // the same on tensor cores
-  double loop_gemm_efficiency = 0.45;     // of the FMA rate
-  double loop_gemm_efficiency_tc = 0.49;  // of the tensor-core rate
-  double loop_bytes_per_us = 0.93e6;      // the pointwise kernel's traffic
-  double loop_half_factor = 0.8;          // bf16 / fp16 steps against the model
-  int loop_gemm_tile_rows = 64;           // GEMM tiles pad the batch to this many rows
-  // The MMA dot, fitted to the forced cluster / grid MMA and FMA times of
-  // the bf16 and TF32 sweeps (docs/benchmarks.md): the constants that pick
-  // the faster dot most often over those 64 (point, path, direction) pairs.
-  double mma_chain = 60;         // a k step's fragment loads and MMA, on the same accumulators
-  double mma_pipe = 4;           // a tensor core busy per m16n8k8 TF32 / m16n8k16 half MMA
-  double mma_step_offset = 0;    // the tile's round trip, less what the fixed terms above
-                                 // hold for the FMA splits' rows (-250 in the fit; 0 since the
-                                 // T = 1000 steps of docs/benchmarks.md sections 8-9)
-  double cell_row_cycles = 750;  // one more batch row per thread: its cell math, exchange, stores
+  double cluster_fixed = 1280;             // cell math, the step's loads, stores and exchange
+  double cluster_per_cta = 92.8;           // each CTA a slice goes to (DSMEM stores)
+  double grid_fixed = 3230;                // the same with the arrival counter
+  double grid_per_cta = 13.7;              // each CTA of the group at the counter
+  double grid_l2_bytes_per_cycle = 26.4;   // exchanged rows reloaded from L2, per SM (one CTA a cluster)
+  double issue_factor = 2.26;              // issue and dependency stalls per instruction
+  double backward_factor = 0.965;          // the backward's step against the forward's of the same split
+  double launch_us = 29.7;                 // one persistent launch with its W_h load
+  double loop_pointwise_us = 7.96;         // a step's pointwise kernel and graph-node gaps
+  double loop_gemm_floor_us = 0;           // a small GEMM on the FMA units
+  double loop_gemm_floor_tc_us = 0;        // the same on tensor cores
+  double loop_gemm_efficiency = 0.698;     // of the FMA rate
+  double loop_gemm_efficiency_tc = 0.435;  // of the tensor-core rate
+  double loop_bytes_per_us = 5.41e6;       // the pointwise kernel's traffic
+  double loop_half_factor = 0.742;         // bf16 / fp16 steps against the model
+  int loop_gemm_tile_rows = 64;            // GEMM tiles pad the batch to this many rows
+  // The MMA dot (mma_dot_cycles).
+  double mma_chain = 72.5;           // a k step's fragment loads and MMA, on the same accumulators
+  double mma_pipe = 3.99;            // a tensor core busy per m16n8k8 TF32 / m16n8k16 half MMA
+  double mma_step_offset = 327;      // the tile's round trip through shared memory
+  double cell_row_cycles = 1100;     // one more batch row per thread: its cell math, exchange, stores
+  double fma_regs_factor = 0.712;    // the FMA dot with W_h in registers, of its modelled cycles
+  double cluster_mma_factor = 1.34;  // the cluster kernels' MMA dot, of its modelled cycles
 };
 
 const Model kModel;
@@ -384,14 +377,18 @@ double persistent_step_cycles(const Problem& p, SeqPath path, const Split& s) {
   // The FMA constants were fitted over splits whose rows per thread followed
   // the batch; the MMA splits take as few as the threads allow, and pay for
   // each further row's cell math, run one after the other.
-  const double dot =
+  double dot =
       s.mma ? mma_dot_cycles(p, s) + (nb - 1) * kModel.cell_row_cycles : std::max(issue, smem) + reduce;
+  if (s.w_regs) dot *= kModel.fma_regs_factor;
+  if (s.mma && path == SeqPath::kCluster) dot *= kModel.cluster_mma_factor;
   double exchange;
   if (path == SeqPath::kCluster) {
     exchange = kModel.cluster_fixed + kModel.cluster_per_cta * s.group;
   } else {
     const double bytes = (p.backward ? p.gates : 1.0) * s.rows_padded * s.row * p.elem;
-    exchange = kModel.grid_fixed + kModel.grid_per_cta * s.group + bytes / kModel.grid_l2_bytes_per_cycle;
+    // A multicast cluster's CTAs share each reload: one copy from L2 lands in all of them.
+    exchange = kModel.grid_fixed + kModel.grid_per_cta * s.group +
+               bytes / (kModel.grid_l2_bytes_per_cycle * std::sqrt(static_cast<double>(s.multicast)));
   }
   return (dot + exchange) * (p.backward ? kModel.backward_factor : 1.0);
 }
