@@ -157,6 +157,23 @@ def test_deterministic_mode_takes_the_model(torch_settings):
     assert "measured" not in _report(False, T, B, S)
 
 
+@pytest.mark.skipif(
+    not torch.cuda.is_available()
+    or torch.cuda.get_device_capability()[0] != 9
+    or torch.cuda.get_device_properties(0).multi_processor_count < 132,
+    reason="the model's fit is an H100 / H200 (132 SMs) one",
+)
+@pytest.mark.parametrize("cell", ["lstm", "lltm"])
+def test_the_model_alone_keeps_flashrnns_point_on_the_grid(cell):
+    """Where nothing is timed (LLTM_SEQ_TUNE=0, deterministic algorithms, a first call inside a CUDA
+    graph capture) the model's plan runs: at FlashRNN's point (fp16, T = 1024, B = 16, S = 768) it
+    must be the grid kernels in both directions, which run there in half the step loop's time
+    (docs/benchmarks-history.md, section 40; the model before its refit sent the backward to the loop)."""
+    for backward in (False, True):
+        first = _report(backward, 1024, 16, 768, torch.float16, cell).splitlines()[0]
+        assert first.endswith(": grid"), first
+
+
 def test_nothing_is_timed_during_graph_capture(monkeypatch):
     T, B, S = 12, 29, 80
     if _candidates(_report(False, T, B, S)) < 2:
