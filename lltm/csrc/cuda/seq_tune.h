@@ -1,6 +1,7 @@
 // The measuring planner of the fused CUDA sequence ops: on the first call
-// of a problem class (device, cell, dtype, direction, precision, B, S and
-// T's power-of-two class), the cost model's few cheapest plans
+// of a problem class (device, cell, element size: bf16 and fp16 share one,
+// direction, precision, B, S and T's power-of-two class), the cost model's
+// few cheapest plans
 // (seq_plan.h) are timed once on trial copies of the call's data, and the
 // fastest is kept for the process and used by every later call of the class.
 //
