@@ -304,7 +304,9 @@ std::vector<Split> splits(const Problem& p, SeqPath path, int group, Dot dot, co
 // MMA dot at 1.34x (its DSMEM stores meet the dot's shared-memory reads),
 // and a multicast cluster of M CTAs dividing the reload's L2 time by
 // sqrt(M). The loop's GEMM floors went to 0 (a step's fixed cost is the
-// pointwise term's).
+// pointwise term's). To refit after a kernel changes: `python -m
+// lltm.bench.plan_fit collect` on the GPU (LLTM_SEQ_TUNE_ALL=1), then `fit`
+// anywhere; its copy of this model must change with it (it checks).
 struct Model {
   double cluster_fixed = 1280;             // cell math, the step's loads, stores and exchange
   double cluster_per_cta = 92.8;           // each CTA a slice goes to (DSMEM stores)
@@ -423,7 +425,7 @@ void set_cost(const Problem& p, const DeviceLimits& d, Plan& plan) {
 std::string plan_environment() {
   std::string env;
   for (const char* name : {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP", "LLTM_SEQ_DOT",
-                           "LLTM_SEQ_MULTICAST", "LLTM_SEQ_LOOP_SPLITS"}) {
+                           "LLTM_SEQ_MULTICAST", "LLTM_SEQ_LOOP_SPLITS", "LLTM_SEQ_TUNE_ALL"}) {
     const char* v = std::getenv(name);
     env += std::string(v == nullptr ? "" : v) + ";";
   }

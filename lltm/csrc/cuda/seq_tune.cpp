@@ -53,6 +53,14 @@ bool timing_enabled() {
   return flag == nullptr || std::strcmp(flag, "0") != 0;
 }
 
+// LLTM_SEQ_TUNE_ALL=1: every viable plan of a class is timed, and the
+// report gives each one's split and model cost beside its time: the data
+// that the model's constants are fitted to (python -m lltm.bench.plan_fit).
+bool tune_all() {
+  const char* flag = std::getenv("LLTM_SEQ_TUNE_ALL");
+  return flag != nullptr && std::strcmp(flag, "1") == 0;
+}
+
 const char* cache_file() {
   const char* file = std::getenv("LLTM_SEQ_TUNE_CACHE");
   return file != nullptr && *file != '\0' ? file : nullptr;
@@ -200,6 +208,19 @@ std::string plan_label(const Plan& plan) {
 
 namespace {
 
+// A plan's split and model cost as LLTM_SEQ_TUNE_ALL's report writes them
+// ("{path=grid group=64 rows=8 ... model_us=2842}"): what the model reads.
+std::string split_fields(const Plan& plan) {
+  const Split& q = plan.split;
+  std::ostringstream os;
+  os << "{path=" << path_name(plan.path) << " group=" << q.group << " rows=" << q.rows
+     << " rows_padded=" << q.rows_padded << " row=" << q.row << " nb=" << q.per_thread << " ks=" << q.ks
+     << " threads=" << q.threads << " mma=" << q.mma << " wregs=" << q.w_regs << " mtiles=" << q.mtiles
+     << " mstack=" << q.mstack << " ksplit=" << q.ksplit << " waves=" << q.waves << " mc=" << q.multicast
+     << " model_us=" << plan.cost_us << "}";
+  return os.str();
+}
+
 // The model's viable plans (the cheapest of each path, group and dot) within kTuneSpread of its
 // cheapest, cheapest first (its own pick first among equals), kTuneCandidates at most: the cheapest
 // of each kind, then the next cheapest. The kinds' fits err apart, so the cheapest plans of one kind
@@ -207,6 +228,7 @@ namespace {
 // hid an FMA split 9% above them whose forward ran 25% faster (docs/benchmarks-history.md,
 // section 37), and in strict float32 at B = 64, S = 128 the FMA dot's grid splits hid a cluster
 // split with W_h in registers, 12% faster forward and backward (section 38).
+// Every viable plan, cheapest first, under LLTM_SEQ_TUNE_ALL=1.
 std::vector<const Plan*> candidates(const Decision& decision) {
   std::vector<const Plan*> plans{&decision.chosen};
   for (const Plan& c : decision.alternatives) {
@@ -214,6 +236,7 @@ std::vector<const Plan*> candidates(const Decision& decision) {
   }
   const auto by_cost = [](const Plan* a, const Plan* b) { return a->cost_us < b->cost_us; };
   std::stable_sort(plans.begin(), plans.end(), by_cost);
+  if (tune_all()) return plans;
   const double limit = plans.front()->cost_us * kTuneSpread;
   plans.erase(std::remove_if(plans.begin(), plans.end(), [&](const Plan* p) { return p->cost_us > limit; }),
               plans.end());
@@ -319,6 +342,7 @@ const Plan* measured_plan(const Problem& problem, const Decision& decision, int 
   report << ": ";
   for (size_t i = 0; i < plans.size(); ++i) {
     report << (i ? "; " : "") << plan_label(*plans[i]) << " ";
+    if (tune_all()) report << split_fields(*plans[i]) << " ";
     if (times[i] < 0) {
       report << "failed";
     } else {

@@ -30,6 +30,9 @@
 //   - LLTM_SEQ_TUNE=0 turns timing off (model only). LLTM_SEQ_TUNE_CACHE=FILE
 //     keeps the choices in FILE (one line each, appended; read on first
 //     use), so a later process, a restarted run, reuses them.
+//   - LLTM_SEQ_TUNE_ALL=1 times every viable plan of a class (no spread, no
+//     cap) and writes each one's split and model cost into the report: the
+//     data of the model's fit (python -m lltm.bench.plan_fit).
 //   - Forced paths (LLTM_SEQ_PATH=one name, LLTM_SEQ_CLUSTER, ...) are part of
 //     the class: where they leave one candidate, nothing is timed.
 #pragma once
