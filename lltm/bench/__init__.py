@@ -24,6 +24,7 @@ Scripts run as modules (`python -m lltm.bench.<name> --help`):
     cuda_profile.py     host cost per call and GPU time per kernel of the fused CUDA cell
     cuda_path_sweep.py  the fused CUDA backend's two paths against each other and the GEMMs
     conv_bn_memory.py   memory and time of lltm.extending's fused Conv2d+BatchNorm2d
+    plan_fit.py         the fused CUDA planner's cost model fitted to the tuner's trial times
 """
 
 from lltm.bench.cli import add_arguments, run
