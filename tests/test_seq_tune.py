@@ -174,6 +174,30 @@ def test_the_model_alone_keeps_flashrnns_point_on_the_grid(cell):
         assert first.endswith(": grid"), first
 
 
+def test_tune_all_times_every_plan_with_its_split(monkeypatch, torch_settings):
+    """LLTM_SEQ_TUNE_ALL=1 (the data of lltm.bench.plan_fit): the tuner times at least the plans it
+    times without it, and its report gives each plan's split and model cost, which plan_fit's copy of
+    the model reproduces on this device, in both directions."""
+    from lltm.bench import plan_fit
+
+    torch_settings.set(matmul_tf32=False)
+    T, B, S = 24, 21, 80
+    usual = _candidates(_report(False, T, B, S))
+    if usual < 2:
+        pytest.skip("the model leaves one plan here: nothing to time")
+    monkeypatch.setenv("LLTM_SEQ_TUNE_ALL", "1")
+    layer, x = _layer(T, B, S, seed=3)
+    _pass(layer, x)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for backward in (False, True):
+        report = _report(backward, T, B, S)
+        plans = [q for q in plan_fit.parse_report(report) if q.us is not None]
+        assert len(plans) >= (usual if not backward else 2), report
+        problem = plan_fit.Problem(4, backward, T, B, S, 4, False)
+        case = plan_fit.Case("lstm", "strict", problem, plans)
+        plan_fit.check_reproduced([case], sms, plan_fit.infer_clock_ghz([case], sms))
+
+
 def test_nothing_is_timed_during_graph_capture(monkeypatch):
     T, B, S = 12, 29, 80
     if _candidates(_report(False, T, B, S)) < 2:
