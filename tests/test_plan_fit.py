@@ -37,7 +37,7 @@ def test_costs_are_the_cpp_planners():
     assert {c.problem.backward for c in cases} == {False, True}
     paths = {q.split["path"] for c in cases for q in c.plans}
     assert paths == {"cluster", "grid", "loop"}
-    clock = plan_fit.infer_clock_ghz(cases, sms)
+    clock = plan_fit.infer_clock_ghz(cases)
     assert clock == pytest.approx(1.98, rel=1e-3)
     plan_fit.check_reproduced(cases, sms, clock)
     moved = dict(plan_fit.MODEL, grid_fixed=plan_fit.MODEL["grid_fixed"] * 1.1)
@@ -47,7 +47,7 @@ def test_costs_are_the_cpp_planners():
 
 def test_scores_count_the_slow_picks():
     cases, sms = plan_fit.load([TRIALS])
-    clock = plan_fit.infer_clock_ghz(cases, sms)
+    clock = plan_fit.infer_clock_ghz(cases)
     s = plan_fit.score(cases, plan_fit.MODEL, sms, clock)
     assert s.misses == len(s.missed) == 2
     for ratio, case, pick, best in s.missed:
@@ -57,7 +57,7 @@ def test_scores_count_the_slow_picks():
 
 def test_fit_runs_and_keeps_or_improves_the_picks():
     cases, sms = plan_fit.load([TRIALS])
-    clock = plan_fit.infer_clock_ghz(cases, sms)
+    clock = plan_fit.infer_clock_ghz(cases)
     out = io.StringIO()
     fitted = plan_fit.fit([TRIALS], iterations=40, out=out)
     report = out.getvalue()
@@ -91,4 +91,12 @@ def test_reports_without_trials_and_failed_plans():
 def test_collect_without_a_gpu_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         plan_fit.main(["collect", "--out", str(tmp_path / "trials.jsonl")])
+    assert not (tmp_path / "trials.jsonl").exists()
+
+
+def test_collect_names_an_unknown_precision(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        plan_fit.main(["collect", "--out", str(tmp_path / "trials.jsonl"), "--precisions", "fp16,fp32"])
+    assert exit_info.value.code == 2
+    assert "--precisions: fp32 unknown; use fp16, bf16, tf32, strict" in capsys.readouterr().err
     assert not (tmp_path / "trials.jsonl").exists()

@@ -195,7 +195,7 @@ def test_tune_all_times_every_plan_with_its_split(monkeypatch, torch_settings):
         assert len(plans) >= (usual if not backward else 2), report
         problem = plan_fit.Problem(4, backward, T, B, S, 4, False)
         case = plan_fit.Case("lstm", "strict", problem, plans)
-        plan_fit.check_reproduced([case], sms, plan_fit.infer_clock_ghz([case], sms))
+        plan_fit.check_reproduced([case], sms, plan_fit.infer_clock_ghz([case]))
 
 
 def test_nothing_is_timed_during_graph_capture(monkeypatch):

@@ -57,12 +57,8 @@ FIXED = ("loop_gemm_tile_rows",)  # not fitted
 SIGNED = ("mma_step_offset",)  # fitted on a linear scale (may be negative)
 
 GATES = {"lltm": 3, "lstm": 4, "gru": 3}
-PRECISIONS = {
-    "fp16": ("float16", False),
-    "bf16": ("bfloat16", False),
-    "tf32": ("float32", True),
-    "strict": ("float32", False),
-}
+# lltm.bench.precision's modes that collect runs in (bf16 shares fp16's tuner classes; "accurate" strict's).
+PRECISIONS = ("fp16", "bf16", "tf32", "strict")
 MISS = 1.10  # a pick this much slower than the fastest timed plan is a miss
 
 
@@ -213,8 +209,7 @@ def load(paths: Iterable[str]) -> tuple[list[Case], int]:
                 if record.get("kind") == "device":
                     sms = sms or record["sms"]
                     continue
-                dtype, _ = PRECISIONS[record["prec"]]
-                elem = 2 if dtype in ("float16", "bfloat16") else 4
+                elem = 2 if record["prec"] in ("fp16", "bf16") else 4
                 for direction in ("fwd", "bwd"):
                     problem = Problem(
                         GATES[record["cell"]],
@@ -245,7 +240,7 @@ def load(paths: Iterable[str]) -> tuple[list[Case], int]:
     return cases, sms
 
 
-def infer_clock_ghz(cases: Sequence[Case], sms: int, k: dict = MODEL) -> float:
+def infer_clock_ghz(cases: Sequence[Case], k: dict = MODEL) -> float:
     """The clock the planner costed with (cudaDevAttrClockRate), from its persistent plans' model times."""
     clocks = []
     for case in cases:
@@ -394,7 +389,7 @@ def _breakdown(cases, k, sms, clock_ghz, key) -> str:
 
 def fit(paths: Sequence[str], iterations: int, least_squares_first: bool = True, out=sys.stdout) -> dict:
     cases, sms = load(paths)
-    clock = infer_clock_ghz(cases, sms)
+    clock = infer_clock_ghz(cases)
     check_reproduced(cases, sms, clock)
     before = score(cases, MODEL, sms, clock)
     k = least_squares(cases, MODEL, sms, clock) if least_squares_first else dict(MODEL)
@@ -434,6 +429,7 @@ def collect(out: str, cells: Sequence[str], precisions: Sequence[str]) -> None:
     import torch
 
     import lltm
+    from lltm.bench.precision import precision_mode
 
     if not (torch.cuda.is_available() and lltm._backends.is_available("fused", "cuda", "seq")):
         raise SystemExit("plan_fit collect: needs a CUDA device and lltm's fused CUDA sequence operators")
@@ -442,7 +438,6 @@ def collect(out: str, cells: Sequence[str], precisions: Sequence[str]) -> None:
     props = torch.cuda.get_device_properties(0)
     points = [("fp16", 1024, 16, 768), ("strict", 1000, 16, 128), ("tf32", 1000, 16, 128)]
     points += [(prec, 100, B, S) for prec in precisions for B in (16, 64, 256, 512) for S in (128, 256, 512, 1024)]
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
     with open(out, "w") as f:
         f.write(
             json.dumps(
@@ -454,27 +449,22 @@ def collect(out: str, cells: Sequence[str], precisions: Sequence[str]) -> None:
             for prec, T, B, S in points:
                 if prec not in precisions:
                     continue
-                dtype_name, tf32 = PRECISIONS[prec]
-                dtype = getattr(torch, dtype_name)
-                torch.backends.cuda.matmul.allow_tf32 = tf32
-                torch.set_float32_matmul_precision("high" if tf32 else "highest")
-                for cell in cells:
-                    m = layer[cell](S, S, backend="fused", device="cuda", dtype=dtype)
-                    x = torch.randn(T, B, S, device="cuda", dtype=dtype, requires_grad=True)
-                    y, _ = m(x)
-                    y.float().sum().backward()
-                    torch.cuda.synchronize()
-                    record = {"kind": "class", "cell": cell, "prec": prec, "T": T, "B": B, "S": S}
-                    for backward in (False, True):
-                        record["bwd" if backward else "fwd"] = torch.ops.lltm._fused_cuda_seq_plan(
-                            backward, T, B, S, dtype, 0, cell
-                        )
-                    f.write(json.dumps(record) + "\n")
-                    f.flush()
-                    print(f"{prec} {cell} T={T} {B}x{S}", flush=True)
+                with precision_mode(prec) as dtype:
+                    for cell in cells:
+                        m = layer[cell](S, S, backend="fused", device="cuda", dtype=dtype)
+                        x = torch.randn(T, B, S, device="cuda", dtype=dtype, requires_grad=True)
+                        y, _ = m(x)
+                        y.float().sum().backward()
+                        torch.cuda.synchronize()
+                        record = {"kind": "class", "cell": cell, "prec": prec, "T": T, "B": B, "S": S}
+                        for backward in (False, True):
+                            record["bwd" if backward else "fwd"] = torch.ops.lltm._fused_cuda_seq_plan(
+                                backward, T, B, S, dtype, 0, cell
+                            )
+                        f.write(json.dumps(record) + "\n")
+                        f.flush()
+                        print(f"{prec} {cell} T={T} {B}x{S}", flush=True)
         finally:
-            torch.backends.cuda.matmul.allow_tf32 = saved[0]
-            torch.set_float32_matmul_precision(saved[1])
             os.environ.pop("LLTM_SEQ_TUNE_ALL", None)
 
 
@@ -491,7 +481,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     f.add_argument("--no-least-squares", action="store_true", help="search from MODEL directly")
     args = parser.parse_args(argv)
     if args.command == "collect":
-        collect(args.out, args.cells.split(","), args.precisions.split(","))
+        precisions = args.precisions.split(",")
+        unknown = [p for p in precisions if p not in PRECISIONS]
+        if unknown:
+            parser.error(f"--precisions: {', '.join(unknown)} unknown; use {', '.join(PRECISIONS)}")
+        collect(args.out, args.cells.split(","), precisions)
     else:
         fit(args.data, args.iterations, not args.no_least_squares)
 
