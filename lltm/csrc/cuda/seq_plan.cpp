@@ -425,7 +425,7 @@ void set_cost(const Problem& p, const DeviceLimits& d, Plan& plan) {
 std::string plan_environment() {
   std::string env;
   for (const char* name : {"LLTM_SEQ_PATH", "LLTM_SEQ_CLUSTER", "LLTM_SEQ_GROUP", "LLTM_SEQ_DOT",
-                           "LLTM_SEQ_MULTICAST", "LLTM_SEQ_LOOP_SPLITS", "LLTM_SEQ_TUNE_ALL"}) {
+                           "LLTM_SEQ_MULTICAST", "LLTM_SEQ_LOOP_SPLITS"}) {
     const char* v = std::getenv(name);
     env += std::string(v == nullptr ? "" : v) + ";";
   }

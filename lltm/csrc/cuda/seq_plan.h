@@ -198,9 +198,9 @@ Decision plan_time_loop(const Problem& problem, const DeviceLimits& device, cons
 std::string describe(const Problem& problem, const Decision& decision);
 
 // The values of the settings above that change a plan (LLTM_SEQ_PATH,
-// _CLUSTER, _GROUP, _DOT, _MULTICAST and _LOOP_SPLITS, and the tuner's
-// LLTM_SEQ_TUNE_ALL, each followed by ';'): part of every cache key of a
-// plan, in the process and in the tuner's file.
+// _CLUSTER, _GROUP, _DOT, _MULTICAST and _LOOP_SPLITS, each followed by
+// ';'): part of every cache key of a plan, in the process and in the
+// tuner's file.
 std::string plan_environment();
 
 // The parts of k in the backward step loop's GEMM of a step, d h_{t-1} =

@@ -82,7 +82,7 @@ std::string class_key(const Problem& p, int device) {
   os << "v2|" << prop->name << "|sm" << prop->multiProcessorCount << "|" << p.cell << "|"
      << (p.backward ? "backward" : "forward") << "|elem" << p.elem << (p.is_double ? "d" : "") << "|tc"
      << p.tensor_cores << "|B" << p.batch << "|S" << p.state << "|T" << steps_class(p.steps) << "|"
-     << plan_environment();
+     << plan_environment() << (tune_all() ? "all" : "");
   std::string key = os.str();
   std::replace(key.begin(), key.end(), '\t', ' ');
   std::replace(key.begin(), key.end(), '\n', ' ');
@@ -228,15 +228,15 @@ std::string split_fields(const Plan& plan) {
 // hid an FMA split 9% above them whose forward ran 25% faster (docs/benchmarks-history.md,
 // section 37), and in strict float32 at B = 64, S = 128 the FMA dot's grid splits hid a cluster
 // split with W_h in registers, 12% faster forward and backward (section 38).
-// Every viable plan, cheapest first, under LLTM_SEQ_TUNE_ALL=1.
-std::vector<const Plan*> candidates(const Decision& decision) {
+// Every viable plan, cheapest first, where `all` (LLTM_SEQ_TUNE_ALL=1).
+std::vector<const Plan*> candidates(const Decision& decision, bool all) {
   std::vector<const Plan*> plans{&decision.chosen};
   for (const Plan& c : decision.alternatives) {
     if (c.why_not.empty() && plan_label(c) != plan_label(decision.chosen)) plans.push_back(&c);
   }
   const auto by_cost = [](const Plan* a, const Plan* b) { return a->cost_us < b->cost_us; };
   std::stable_sort(plans.begin(), plans.end(), by_cost);
-  if (tune_all()) return plans;
+  if (all) return plans;
   const double limit = plans.front()->cost_us * kTuneSpread;
   plans.erase(std::remove_if(plans.begin(), plans.end(), [&](const Plan* p) { return p->cost_us > limit; }),
               plans.end());
@@ -270,7 +270,8 @@ const Plan* measured_plan(const Problem& problem, const Decision& decision, int 
     if (found != s.classes.end()) return &found->second.plan;
     if (s.one_plan.count(key) != 0) return nullptr;
   }
-  const std::vector<const Plan*> plans = candidates(decision);
+  const bool all = tune_all();
+  const std::vector<const Plan*> plans = candidates(decision, all);
   if (plans.size() < 2) {
     const std::lock_guard<std::mutex> lock(s.mutex);
     s.one_plan.insert(key);
@@ -342,7 +343,7 @@ const Plan* measured_plan(const Problem& problem, const Decision& decision, int 
   report << ": ";
   for (size_t i = 0; i < plans.size(); ++i) {
     report << (i ? "; " : "") << plan_label(*plans[i]) << " ";
-    if (tune_all()) report << split_fields(*plans[i]) << " ";
+    if (all) report << split_fields(*plans[i]) << " ";
     if (times[i] < 0) {
       report << "failed";
     } else {
