@@ -464,6 +464,44 @@ def test_cuda_paths_match_reference(monkeypatch, torch_settings, cell, path, dot
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("asked", ["ih", "hh", "both"])
+@pytest.mark.parametrize("path,dot", [("cluster", "fma"), ("grid", "mma"), ("loop", None)], ids=str)
+@pytest.mark.parametrize("cell", SEAM, ids=lambda c: c.name)
+def test_cuda_bias_gradients_asked_alone(monkeypatch, torch_settings, cell, path, dot, asked):
+    """Either bias's gradient asked without the other's, or both, on the persistent kernels (whose
+    per-row sums one launch adds up for every bias) and the step loop: each equals the float64
+    reference's, every element written (the allocator's blocks poisoned with NaN first)."""
+    if path == "cluster" and not _cluster_kernels_here():
+        pytest.skip("no thread-block cluster kernels on this device or build")
+    monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    if dot is not None:
+        monkeypatch.setenv("LLTM_SEQ_DOT", dot)
+    dtype, tol = torch.float64, 1e-12
+    if dot == "mma":
+        dtype, tol = torch.float32, 5e-3
+        torch_settings.set(matmul_tf32=True)
+    T, B, I, S = 6, 37, 5, 70
+    x, w_ih, w_hh, b_ih, b_hh, state = make_layer(cell, T, B, I, S, device="cuda", dtype=dtype, seed=3)
+    wanted = {"ih": [0], "hh": [1], "both": [0, 1]}[asked]
+    probe = torch.rand(T, B, S, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+
+    def bias_grads(fn, device, dtype):
+        biases = [b.detach().to(device, dtype).requires_grad_(k in wanted) for k, b in enumerate((b_ih, b_hh))]
+        other = [t.to(device, dtype) for t in (x, w_ih, w_hh)]
+        out, _ = fn(*other, *biases, tuple(s.to(device, dtype) for s in state), None)
+        return torch.autograd.grad((out * probe.to(out)).sum(), [biases[k] for k in wanted])
+
+    poison = torch.full((1 << 22,), float("nan"), device="cuda")
+    del poison  # the freed block is handed out again, NaN-filled
+    got = bias_grads(run(cell, "fused"), "cuda", dtype)
+    want = bias_grads(reference(cell), "cpu", torch.float64)
+    for k, g, w in zip(wanted, got, want):
+        assert torch.isfinite(g).all(), f"bias {k}: unwritten or non-finite elements"
+        assert rel_err(g, w) <= tol, f"bias {k}: {rel_err(g, w):.2e}"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("splits", ["1", "3", "8"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16], ids=["float64", "float16"])
 @pytest.mark.parametrize("cell", SEAM, ids=lambda c: c.name)

@@ -453,6 +453,30 @@ inline void weight_grads_k_major(int64_t rows, int64_t B, int64_t GS, int64_t I,
   }
 }
 
+// The bias gradients (G S,) from the persistent backward's per-row sums
+// rows (1 or 2, B, G S) in acc_t: b_ih from set 0; b_hh from set 1 with
+// kSplit, else from set 0 too (both biases add to one pre-activation).
+inline void bias_grads_from_rows(const at::Tensor& rows, bool split, const at::Tensor& b_ih,
+                                 const at::Tensor& b_hh) {
+  const int64_t sets = rows.size(0), B = rows.size(1), cols = rows.size(2);
+  for (const at::Tensor* t : {&b_ih, &b_hh}) {
+    TORCH_INTERNAL_ASSERT(!t->defined() || (t->is_contiguous() && t->numel() == cols),
+                          "lltm::fused (CUDA): a bias gradient of ", cols, " contiguous elements");
+  }
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kBiasColumns)), static_cast<unsigned>(sets));
+  const dim3 block(kBiasColumns, kBiasRowGroups);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, (b_ih.defined() ? b_ih : b_hh).scalar_type(), "lltm_bias_grads", [&] {
+        using acc_t = at::opmath_type<scalar_t>;
+        BiasSumOuts<scalar_t> outs{};
+        outs.to[0][0] = b_ih.defined() ? b_ih.mutable_data_ptr<scalar_t>() : nullptr;
+        outs.to[split ? 1 : 0][1] = b_hh.defined() ? b_hh.mutable_data_ptr<scalar_t>() : nullptr;
+        bias_sums_kernel<scalar_t, acc_t><<<grid, block, 0, c10::cuda::getCurrentCUDAStream()>>>(
+            rows.const_data_ptr<acc_t>(), B, cols, outs);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+}
+
 template <typename Cell>
 void fused_rnn_forward_cuda(const RnnArgs& a, at::Tensor& output, std::vector<at::Tensor>& state_n,
                             at::Tensor& saved) {
@@ -653,21 +677,19 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
   run_row_gemms(dtype, gemms, count, true);
   for (Destination& d : outs) d.finish();
   // Column sums in float for half and bfloat16: of the persistent kernel's
-  // B rows of sums over the steps, else of dzx / dzh's T*B rows (ATen's reduction).
-  const auto bias_grad = [&](at::Tensor& out, const at::Tensor& dz, int64_t which) {
-    if (bias_summed) {
-      out.copy_(bias_rows[which].sum(0));
-    } else {
-      at::sum_out(out, dz.view({T * B, GS}), {0});
-    }
-  };
-  if (grads.b_ih.defined()) bias_grad(grads.b_ih, dzx, 0);
-  if (grads.b_hh.defined()) {
-    // Without kSplit both biases add to one pre-activation: their gradients are the same sums.
-    if (!Cell::kSplit && grads.b_ih.defined()) {
-      grads.b_hh.copy_(grads.b_ih);
-    } else {
-      bias_grad(grads.b_hh, dz_h, Cell::kSplit ? 1 : 0);
+  // B rows of sums over the steps (one launch for both biases), else of
+  // dzx / dzh's T*B rows (ATen's reduction).
+  if (bias_summed) {
+    bias_grads_from_rows(bias_rows, Cell::kSplit, grads.b_ih, grads.b_hh);
+  } else {
+    if (grads.b_ih.defined()) at::sum_out(grads.b_ih, dzx.view({T * B, GS}), {0});
+    if (grads.b_hh.defined()) {
+      // Without kSplit both biases add to one pre-activation: their gradients are the same sums.
+      if (!Cell::kSplit && grads.b_ih.defined()) {
+        grads.b_hh.copy_(grads.b_ih);
+      } else {
+        at::sum_out(grads.b_hh, dz_h.view({T * B, GS}), {0});
+      }
     }
   }
 }

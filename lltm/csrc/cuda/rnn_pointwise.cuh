@@ -221,6 +221,43 @@ __device__ __forceinline__ void states_step(acc_t (&s)[Cell::kStates], const acc
   }
 }
 
+// The bias gradients from the persistent backward's sums over the steps of
+// each batch row, rows (sets, B, cols) in acc_t: set q's column sums go to
+// to[q][0] and to[q][1] where not null (a cell without kSplit has one set
+// and gives it to both biases). One launch for every bias, in place of a
+// reduction and a copy each: at small sizes the host's time is the layer's.
+// Each column's B rows are added in a fixed order (kBiasRowGroups strided
+// partial sums, then those in order): the same bits every run.
+constexpr int kBiasColumns = 32, kBiasRowGroups = 8;
+template <typename scalar_t>
+struct BiasSumOuts {
+  scalar_t* to[2][2];
+};
+template <typename scalar_t, typename acc_t>
+__global__ void __launch_bounds__(kBiasColumns* kBiasRowGroups)
+    bias_sums_kernel(const acc_t* __restrict__ rows, int64_t batch, int64_t cols,
+                     const BiasSumOuts<scalar_t> outs) {
+  __shared__ acc_t part[kBiasRowGroups][kBiasColumns];
+  const int q = blockIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kBiasColumns + threadIdx.x;
+  const acc_t* r = rows + q * batch * cols + c;
+  acc_t sum = 0;
+  if (c < cols) {
+    for (int64_t b = threadIdx.y; b < batch; b += kBiasRowGroups) sum += r[b * cols];
+  }
+  part[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  acc_t total = part[0][threadIdx.x];
+#pragma unroll
+  for (int g = 1; g < kBiasRowGroups; ++g) total += part[g][threadIdx.x];
+  const scalar_t v = static_cast<scalar_t>(total);
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    if (outs.to[q][k] != nullptr) outs.to[q][k][c] = v;
+  }
+}
+
 // One thread per element: blocks of kStatesThreads, ceil(B S / threads) of them.
 template <typename Cell, typename scalar_t, bool kStaged>
 __global__ void __launch_bounds__(kStatesThreads)
