@@ -228,13 +228,13 @@ __device__ __forceinline__ void states_step(acc_t (&s)[Cell::kStates], const acc
 // reduction and a copy each: at small sizes the host's time is the layer's.
 // Each column's B rows are added in a fixed order (kBiasRowGroups strided
 // partial sums, then those in order): the same bits every run.
-constexpr int kBiasColumns = 32, kBiasRowGroups = 8;
+constexpr int kBiasColumns = 32, kBiasRowGroups = 8, kBiasThreads = kBiasColumns * kBiasRowGroups;
 template <typename scalar_t>
 struct BiasSumOuts {
   scalar_t* to[2][2];
 };
 template <typename scalar_t, typename acc_t>
-__global__ void __launch_bounds__(kBiasColumns* kBiasRowGroups)
+__global__ void __launch_bounds__(kBiasThreads)
     bias_sums_kernel(const acc_t* __restrict__ rows, int64_t batch, int64_t cols,
                      const BiasSumOuts<scalar_t> outs) {
   __shared__ acc_t part[kBiasRowGroups][kBiasColumns];
