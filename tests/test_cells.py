@@ -429,6 +429,21 @@ def _cluster_kernels_here() -> bool:
     )
 
 
+def _force_path(monkeypatch, torch_settings, path, dot):
+    """Forces the CUDA time loop `path` (and the persistent kernels' `dot`); skips where the build has
+    no cluster kernels. Returns (dtype, tolerance): float64 to 1e-12 on the FMA dots and the loop,
+    float32 on TF32 to 5e-3 on the tensor-core dot."""
+    if path == "cluster" and not _cluster_kernels_here():
+        pytest.skip("no thread-block cluster kernels on this device or build")
+    monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    if dot is not None:
+        monkeypatch.setenv("LLTM_SEQ_DOT", dot)
+    if dot == "mma":
+        torch_settings.set(matmul_tf32=True)
+        return torch.float32, 5e-3
+    return torch.float64, 1e-12
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("shape", PATH_SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -437,15 +452,7 @@ def _cluster_kernels_here() -> bool:
 def test_cuda_paths_match_reference(monkeypatch, torch_settings, cell, path, dot, shape):
     """Every time loop of the fused CUDA operators, forced, for every cell: float64 on the FMA dots,
     float32 with TF32 allowed on the tensor-core dot (within 5e-3), with lengths, every gradient."""
-    if path == "cluster" and not _cluster_kernels_here():
-        pytest.skip("no thread-block cluster kernels on this device or build")
-    monkeypatch.setenv("LLTM_SEQ_PATH", path)
-    if dot is not None:
-        monkeypatch.setenv("LLTM_SEQ_DOT", dot)
-    dtype, tol = torch.float64, 1e-12
-    if dot == "mma":
-        dtype, tol = torch.float32, 5e-3
-        torch_settings.set(matmul_tf32=True)
+    dtype, tol = _force_path(monkeypatch, torch_settings, path, dot)
     T, B, I, S = shape
     args = make_layer(cell, T, B, I, S, device="cuda", dtype=dtype, seed=B + S)
     lengths = torch.randint(0, T + 1, (B,), generator=torch.Generator().manual_seed(S)).cuda()
@@ -471,15 +478,7 @@ def test_cuda_bias_gradients_asked_alone(monkeypatch, torch_settings, cell, path
     """Either bias's gradient asked without the other's, or both, on the persistent kernels (whose
     per-row sums one launch adds up for every bias) and the step loop: each equals the float64
     reference's, every element written (the allocator's blocks poisoned with NaN first)."""
-    if path == "cluster" and not _cluster_kernels_here():
-        pytest.skip("no thread-block cluster kernels on this device or build")
-    monkeypatch.setenv("LLTM_SEQ_PATH", path)
-    if dot is not None:
-        monkeypatch.setenv("LLTM_SEQ_DOT", dot)
-    dtype, tol = torch.float64, 1e-12
-    if dot == "mma":
-        dtype, tol = torch.float32, 5e-3
-        torch_settings.set(matmul_tf32=True)
+    dtype, tol = _force_path(monkeypatch, torch_settings, path, dot)
     T, B, I, S = 6, 37, 5, 70
     x, w_ih, w_hh, b_ih, b_hh, state = make_layer(cell, T, B, I, S, device="cuda", dtype=dtype, seed=3)
     wanted = {"ih": [0], "hh": [1], "both": [0, 1]}[asked]
