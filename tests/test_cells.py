@@ -471,32 +471,34 @@ def test_cuda_paths_match_reference(monkeypatch, torch_settings, cell, path, dot
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("asked", ["ih", "hh", "both"])
+@pytest.mark.parametrize("asked", ["ih", "hh", "both", "none"])
 @pytest.mark.parametrize("path,dot", [("cluster", "fma"), ("grid", "mma"), ("loop", None)], ids=str)
 @pytest.mark.parametrize("cell", SEAM, ids=lambda c: c.name)
 def test_cuda_bias_gradients_asked_alone(monkeypatch, torch_settings, cell, path, dot, asked):
-    """Either bias's gradient asked without the other's, or both, on the persistent kernels (whose
-    per-row sums one launch adds up for every bias) and the step loop: each equals the float64
-    reference's, every element written (the allocator's blocks poisoned with NaN first)."""
+    """Either bias's gradient asked without the other's, both, or neither (frozen biases: W_hh's
+    gradient asked instead), on the persistent kernels (whose per-row sums one launch adds up for
+    every bias) and the step loop: each equals the float64 reference's, every element written (the
+    allocator's blocks poisoned with NaN first)."""
     dtype, tol = _force_path(monkeypatch, torch_settings, path, dot)
     T, B, I, S = 6, 37, 5, 70
     x, w_ih, w_hh, b_ih, b_hh, state = make_layer(cell, T, B, I, S, device="cuda", dtype=dtype, seed=3)
-    wanted = {"ih": [0], "hh": [1], "both": [0, 1]}[asked]
+    wanted = {"ih": [0], "hh": [1], "both": [0, 1], "none": []}[asked]
     probe = torch.rand(T, B, S, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
 
-    def bias_grads(fn, device, dtype):
+    def grads(fn, device, dtype):
         biases = [b.detach().to(device, dtype).requires_grad_(k in wanted) for k, b in enumerate((b_ih, b_hh))]
-        other = [t.to(device, dtype) for t in (x, w_ih, w_hh)]
-        out, _ = fn(*other, *biases, tuple(s.to(device, dtype) for s in state), None)
-        return torch.autograd.grad((out * probe.to(out)).sum(), [biases[k] for k in wanted])
+        x_, w_ih_, w_hh_ = (t.detach().to(device, dtype) for t in (x, w_ih, w_hh))
+        leaves = [biases[k] for k in wanted] or [w_hh_.requires_grad_()]
+        out, _ = fn(x_, w_ih_, w_hh_, *biases, tuple(s.to(device, dtype) for s in state), None)
+        return torch.autograd.grad((out * probe.to(out)).sum(), leaves)
 
     poison = torch.full((1 << 22,), float("nan"), device="cuda")
     del poison  # the freed block is handed out again, NaN-filled
-    got = bias_grads(run(cell, "fused"), "cuda", dtype)
-    want = bias_grads(reference(cell), "cpu", torch.float64)
-    for k, g, w in zip(wanted, got, want):
-        assert torch.isfinite(g).all(), f"bias {k}: unwritten or non-finite elements"
-        assert rel_err(g, w) <= tol, f"bias {k}: {rel_err(g, w):.2e}"
+    got = grads(run(cell, "fused"), "cuda", dtype)
+    want = grads(reference(cell), "cpu", torch.float64)
+    for name, g, w in zip([f"bias {k}" for k in wanted] or ["W_hh"], got, want):
+        assert torch.isfinite(g).all(), f"{name}: unwritten or non-finite elements"
+        assert rel_err(g, w) <= tol, f"{name}: {rel_err(g, w):.2e}"
 
 
 @pytest.mark.cuda

@@ -678,7 +678,9 @@ void fused_rnn_backward_cuda(const RnnArgs& a, const RnnBackwardArgs& from, RnnG
   for (Destination& d : outs) d.finish();
   // Column sums in float for half and bfloat16: of the persistent kernel's
   // B rows of sums over the steps (one launch for both biases), else of
-  // dzx / dzh's T*B rows (ATen's reduction).
+  // dzx / dzh's T*B rows (ATen's reduction). No bias gradient asked: no
+  // rows were summed (bias_rows is undefined) and nothing is written.
+  if (!want_bias) return;
   if (bias_summed) {
     bias_grads_from_rows(bias_rows, Cell::kSplit, grads.b_ih, grads.b_hh);
   } else {
