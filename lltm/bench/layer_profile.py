@@ -4,7 +4,11 @@ size (kernels and the host ops around them) of a few fwd + bwd passes of lltm.LL
 an earlier tree too (run it with that tree first on PYTHONPATH).
 
     python -m lltm.bench.layer_profile [--sizes 16x128,16x256] [--steps 100] [--cell lltm] [--dtype float32]
-                                       [--tf32] [--time]
+                                       [--tf32] [--time | --timeline [--peer]]
+
+--timeline prints, instead of the profile, one forward + backward pass's kernels in launch order (start,
+idle gap before it, duration; µs), and with --peer the same for torch's module (nn.LSTM, or nn.GRU for
+the GRU) on the same input: which kernel of the pass differs from cuDNN's, and where the device waits.
 
 --time prints, instead of the profile, one line per size: the forward and forward + backward
 (torch.utils.benchmark medians, device and host together) and the host's own cost of one
@@ -88,18 +92,88 @@ def profile_layer(cell: str, T: int, B: int, S: int, dtype: torch.dtype, passes:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=80)
 
 
+def kernel_timeline(kernels: list[tuple[float, float, str]], passes: int = 1) -> list[tuple[float, float, float, str]]:
+    """The middle pass of `passes` equal passes of (start, end, name) kernel records (µs, any order), as
+    (start from the pass's first kernel, idle gap since every earlier kernel ended, duration, name) in
+    launch order; a negative gap is an overlap. Where the records do not split into equal passes (a pass
+    launched more kernels than another), all of them."""
+    ordered = sorted(kernels)
+    if passes > 1 and ordered and len(ordered) % passes == 0:
+        n = len(ordered) // passes
+        ordered = ordered[(passes // 2) * n : (passes // 2 + 1) * n]
+    rows = []
+    if not ordered:
+        return rows
+    first, busy_until = ordered[0][0], ordered[0][0]
+    for start, end, name in ordered:
+        rows.append((start - first, start - busy_until, end - start, name))
+        busy_until = max(busy_until, end)
+    return rows
+
+
+def format_timeline(title: str, rows: list[tuple[float, float, float, str]], name_width: int = 90) -> str:
+    span = max((r[0] + r[2] for r in rows), default=0.0)
+    lines = [f"== {title}: {len(rows)} kernels, span {span:,.0f} µs, kernel time {sum(r[2] for r in rows):,.0f} µs"]
+    lines.append(f"{'start':>9} {'gap':>8} {'duration':>9}  kernel")
+    lines += [f"{a:9.1f} {g:8.1f} {d:9.1f}  {n[:name_width]}" for a, g, d, n in rows]
+    return "\n".join(lines)
+
+
+def timeline_layer(
+    layer: torch.nn.Module, x: Tensor, grad: Tensor, passes: int = 3
+) -> list[tuple[float, float, float, str]]:
+    """One forward + backward pass's CUDA kernels (kernel_timeline's rows) of `layer` on x (T, B, I) with
+    output gradient grad (T, B, S): the middle of `passes` passes, each followed by a synchronisation;
+    the gradients start from None every pass."""
+
+    def fb() -> None:
+        out, _ = layer(x)
+        out.backward(grad)
+        x.grad = None
+        for p in layer.parameters():
+            p.grad = None
+
+    for _ in range(3):
+        fb()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(passes):
+            fb()
+            torch.cuda.synchronize()
+    kernels = [
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    ]
+    return kernel_timeline(kernels, passes)
+
+
+def _peer(cell: str, S: int, dtype: torch.dtype) -> torch.nn.Module:
+    """torch's module the benchmarks compare `cell` with: nn.GRU for the GRU, else nn.LSTM (input size S)."""
+    torch.manual_seed(0)
+    return (torch.nn.GRU if cell == "gru" else torch.nn.LSTM)(S, S).to("cuda", dtype)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lltm.bench.layer_profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="16x128,16x256", help="B x S pairs")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--cell", choices=("lltm", "lstm", "gru"), default="lltm")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--tf32", action="store_true", help="torch.backends.cuda.matmul.allow_tf32 = True")
-    parser.add_argument("--time", action="store_true", help="time each size instead of profiling it")
+    parser.add_argument(
+        "--tf32", action="store_true", help="allow TF32: torch.backends.cuda.matmul (lltm) and cudnn (--peer)"
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--time", action="store_true", help="time each size instead of profiling it")
+    mode.add_argument("--timeline", action="store_true", help="one pass's kernels in order instead of the profile")
+    parser.add_argument("--peer", action="store_true", help="with --timeline: torch's module's pass too")
     opts = parser.parse_args(argv)
+    if opts.peer and not opts.timeline:
+        parser.error("--peer goes with --timeline")
     if not torch.cuda.is_available():
         parser.exit(2, "layer_profile: needs a CUDA device\n")
     torch.backends.cuda.matmul.allow_tf32 = opts.tf32
+    torch.backends.cudnn.allow_tf32 = opts.tf32  # the peer like with like: strict against strict
     where = f"{torch.cuda.get_device_name()}, torch {torch.__version__}, lltm from {lltm.__path__[0]}"
     for size in opts.sizes.split(","):
         B, S = (int(v) for v in size.split("x"))
@@ -108,6 +182,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             t = time_layer(opts.cell, opts.steps, B, S, DTYPES[opts.dtype])
             print(f"{what}: forward {t['forward']:.1f} µs, fwd+bwd {t['fwd+bwd']:.1f} µs, host {t['host']:.1f} µs"
                   f" ({where})", flush=True)  # fmt: skip
+        elif opts.timeline:
+            layer, x, grad = _layer(opts.cell, opts.steps, B, S, DTYPES[opts.dtype])
+            print(format_timeline(f"lltm {what} ({where})", timeline_layer(layer, x, grad)), flush=True)
+            if opts.peer:
+                peer = _peer(opts.cell, S, DTYPES[opts.dtype])
+                title = f"{type(peer).__name__} {what}"
+                print(format_timeline(title, timeline_layer(peer, x, grad)), flush=True)
         else:
             print(f"{what}, {where}")
             print(profile_layer(opts.cell, opts.steps, B, S, DTYPES[opts.dtype]), flush=True)
