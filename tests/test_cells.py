@@ -134,6 +134,38 @@ def test_lengths_and_no_bias(cell, device, backend):
     assert (got[0][3:, 2] == 0).all() and (got[0][:, 1] == 0).all()
 
 
+def one_grad_params():
+    """cell_params() x each argument of the cell, ids like lstm-cpu-aten-weight_hh."""
+    params = []
+    for p in cell_params():
+        cell, device, backend = p.values
+        for name in ("input", "weight_ih", "weight_hh", "bias_ih", "bias_hh", *(f"{s}0" for s in cell.states)):
+            params.append(pytest.param(cell, device, backend, name, id=f"{p.id}-{name}", marks=p.marks))
+    return params
+
+
+@pytest.mark.parametrize("cell,device,backend,which", one_grad_params())
+def test_one_argument_needs_grad(cell, device, backend, which):
+    """One argument asks for its gradient, the others are frozen (the backward skips what nobody asked,
+    and the CUDA time loops leave optional outputs unwritten): that gradient equals the float64
+    reference's, with lengths 0 .. T and a loss on the output and every final state."""
+    x, w_ih, w_hh, b_ih, b_hh, state = make_layer(cell, 6, 5, 3, 7, device=device, seed=7)
+    names = ["input", "weight_ih", "weight_hh", "bias_ih", "bias_hh", *(f"{s}0" for s in cell.states)]
+    tensors = [x, w_ih, w_hh, b_ih, b_hh, *state]
+    lengths = torch.tensor([6, 0, 3, 1, 5])
+
+    def grad(fn, device):
+        args = [t.detach().to(device).requires_grad_(n == which) for n, t in zip(names, tensors)]
+        out, final = fn(*args[:5], tuple(args[5:]), lengths.to(device))
+        gen = torch.Generator().manual_seed(2)
+        loss = sum((r * torch.rand(r.shape, generator=gen, dtype=r.dtype).to(r)).sum() for r in (out, *final))
+        return torch.autograd.grad(loss, args[names.index(which)])[0]
+
+    got, want = grad(run(cell, backend), device), grad(reference(cell), "cpu")
+    assert got.shape == want.shape
+    assert rel_err(got, want) <= 1e-12, f"{which}: {rel_err(got, want):.2e}"
+
+
 @pytest.mark.parametrize("cell,device,backend", cell_params())
 def test_batch_zero_and_zero_steps(cell, device, backend):
     for T, B in ((0, 3), (4, 0)):
