@@ -134,12 +134,17 @@ def test_lengths_and_no_bias(cell, device, backend):
     assert (got[0][3:, 2] == 0).all() and (got[0][:, 1] == 0).all()
 
 
+def _argument_names(cell):
+    """The names of make_layer's tensors in order, the state flattened: input, weights, biases, h0 (, c0)."""
+    return ["input", "weight_ih", "weight_hh", "bias_ih", "bias_hh", *(f"{s}0" for s in cell.states)]
+
+
 def one_grad_params():
     """cell_params() x each argument of the cell, ids like lstm-cpu-aten-weight_hh."""
     params = []
     for p in cell_params():
         cell, device, backend = p.values
-        for name in ("input", "weight_ih", "weight_hh", "bias_ih", "bias_hh", *(f"{s}0" for s in cell.states)):
+        for name in _argument_names(cell):
             params.append(pytest.param(cell, device, backend, name, id=f"{p.id}-{name}", marks=p.marks))
     return params
 
@@ -150,7 +155,7 @@ def test_one_argument_needs_grad(cell, device, backend, which):
     and the CUDA time loops leave optional outputs unwritten): that gradient equals the float64
     reference's, with lengths 0 .. T and a loss on the output and every final state."""
     x, w_ih, w_hh, b_ih, b_hh, state = make_layer(cell, 6, 5, 3, 7, device=device, seed=7)
-    names = ["input", "weight_ih", "weight_hh", "bias_ih", "bias_hh", *(f"{s}0" for s in cell.states)]
+    names = _argument_names(cell)
     tensors = [x, w_ih, w_hh, b_ih, b_hh, *state]
     lengths = torch.tensor([6, 0, 3, 1, 5])
 

@@ -101,9 +101,9 @@ def kernel_timeline(kernels: list[tuple[float, float, str]], passes: int = 1) ->
     if passes > 1 and ordered and len(ordered) % passes == 0:
         n = len(ordered) // passes
         ordered = ordered[(passes // 2) * n : (passes // 2 + 1) * n]
-    rows = []
     if not ordered:
-        return rows
+        return []
+    rows = []
     first, busy_until = ordered[0][0], ordered[0][0]
     for start, end, name in ordered:
         rows.append((start - first, start - busy_until, end - start, name))
