@@ -487,7 +487,7 @@ def test_step_phases_reads_the_kernels_phase_lines():
         "lltm step clocks: forward cluster group=8 units=16 rows=1 dot=fma steps=1000 cycles/step: "
         "dot 461, reduce 547, cell+put 719, arrive 269, stores+loads 326, wait 83; total 2408\n"
         "lltm step clocks: backward grid group=2 units=64 rows=4 dot=mma steps=10 cycles/step: "
-        "cell+put 3, arrive 4, stores+loads 5, wait 6, dot 7, reduce 8; total 33\n"
+        "cell+put 3, arrive 4, stores+loads 5, wait 6, dot 7, reduce 8; total 33; sm clock 1.755 GHz\n"
     )
     rows = parse(text)
     assert [r["what"] for r in rows] == ["forward cluster", "backward grid"]
@@ -501,6 +501,8 @@ def test_step_phases_reads_the_kernels_phase_lines():
         "wait": 83,
     }
     assert rows[0]["total"] == 2408 and rows[1]["phases"]["reduce"] == 8
+    # the SM clock the loop ran at, where the line has it (builds before it: none)
+    assert rows[0]["ghz"] is None and rows[1]["ghz"] == pytest.approx(1.755)
     assert parse("nothing here\n") == []
     got = _capture_stdout(lambda: os.write(1, b"from fd 1\n"), sync=False)
     assert got == "from fd 1\n"

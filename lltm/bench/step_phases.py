@@ -11,8 +11,10 @@ Needs a profiling build (the kernels print the phases only there):
 
 A size is BxS (input features I = S, or BxIxS). A path is a
 seq_sweep.PATHS name (cluster8, cluster-mma, grid, grid-mma, auto, ...).
-The cycles are the SM's (clock64); the ns column divides by the device's
-clock rate as the runtime reports it.
+The cycles are the SM's (clock64); the ns column divides them by the SM
+clock the kernel measured over its loop (its cycles over the global timer's
+nanoseconds), which under load may be below the clock rate the runtime
+reports (a build whose kernels print no clock: divided by that rate).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from lltm.bench import cases
 from lltm.bench.seq_sweep import DTYPES, PATHS, PLANNER_ROWS, _set_path
 
 LINE = re.compile(
-    r"lltm step clocks: (?P<what>\w+ \w+) (?P<shape>.*?) cycles/step: (?P<phases>.*); total (?P<total>\d+)"
+    r"lltm step clocks: (?P<what>\w+ \w+) (?P<shape>.*?) cycles/step: (?P<phases>.*?); total (?P<total>\d+)"
+    r"(?:; sm clock (?P<ghz>[\d.]+) GHz)?"
 )
 
 
@@ -56,15 +59,17 @@ def _capture_stdout(fn, sync: bool = True) -> str:
 
 
 def parse(text: str) -> list[dict]:
-    """The phase lines of one run: direction and path, the launch shape, and
-    phase -> mean cycles per step."""
+    """The phase lines of one run: direction and path, the launch shape,
+    phase -> mean cycles per step, and the SM clock the loop ran at in GHz
+    (None where the line has none)."""
     rows = []
     for m in LINE.finditer(text):
         phases = {}
         for item in m["phases"].split(", "):
             name, value = item.rsplit(" ", 1)
             phases[name] = int(value)
-        rows.append({"what": m["what"], "shape": m["shape"], "phases": phases, "total": int(m["total"])})
+        ghz = float(m["ghz"]) if m["ghz"] and float(m["ghz"]) > 0 else None
+        rows.append({"what": m["what"], "shape": m["shape"], "phases": phases, "total": int(m["total"]), "ghz": ghz})
     return rows
 
 
@@ -120,12 +125,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     dtype = DTYPES[args.dtype]
     # kHz in the runtime's device properties, where this torch exposes it
-    ghz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) / 1e6 or None
+    rated = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) / 1e6 or None
     print(
         f"step phases of the {args.cell} cell, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"T={args.steps}, {args.dtype}"
-        f"{' (TF32 allowed)' if args.tf32 else ''}; cycles per step (thread 0 of CTA 0)"
-        + (f", ns at {ghz:.3f} GHz" if ghz else "")
+        f"{' (TF32 allowed)' if args.tf32 else ''}; cycles per step (thread 0 of CTA 0), ns at the SM clock the"
+        f" loop ran at" + (f" (rated {rated:.3f} GHz)" if rated else "")
     )
     any_line = False
     for B, I, S in sizes:
@@ -140,7 +145,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             any_line = True
             for row in rows:
                 phases = " | ".join(f"{k} {v}" for k, v in row["phases"].items())
-                ns = f" = {row['total'] / ghz:.0f} ns" if ghz else ""
+                ghz = row["ghz"] or rated
+                ns = f" = {row['total'] / ghz:.0f} ns at {ghz:.3f} GHz" if ghz else ""
                 print(f"{B}x{I}x{S} {path:12s} {row['what']:17s} {row['shape']}: {phases} | total {row['total']}{ns}")
     if not any_line:
         print("step_phases: no phase lines; is this a profiling build (LLTM_STEP_CLOCKS=1 at build time)?")

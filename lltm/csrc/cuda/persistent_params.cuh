@@ -131,17 +131,27 @@ __device__ __forceinline__ Group my_group(const Slice& s, int KS, int rows_padde
 
 // The phases of a step in cycles, for profiling builds (LLTM_STEP_CLOCKS=1
 // at build time, lltm/_sources.py): thread 0 of CTA 0 adds each phase's
-// clock64 span up and prints the means per step when the loop ends. In
-// other builds every call is empty.
+// clock64 span up and prints the means per step when the loop ends, with
+// the SM clock the loop ran at (its cycles over the global timer's
+// nanoseconds: under load it may run below the clock rate the runtime
+// reports, and the cycles are the SM's). In other builds every call is
+// empty.
 struct StepClocks {
   static constexpr int kPhases = 6;
   using Names = const char* const (&)[kPhases];  // one per phase, in the order of the marks
 #ifdef LLTM_STEP_CLOCKS
-  long long sum[kPhases] = {}, last = 0;
+  long long sum[kPhases] = {}, last = 0, first = 0;
+  unsigned long long first_ns = 0;
   bool on = false;
+  __device__ static unsigned long long global_ns() {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    return ns;
+  }
   __device__ void start() {
     on = blockIdx.x == 0 && threadIdx.x == 0;
-    last = clock64();
+    first_ns = global_ns();
+    first = last = clock64();
   }
   __device__ __forceinline__ void mark(int phase) {
     if (!on) return;
@@ -152,14 +162,16 @@ struct StepClocks {
   __device__ void report(const char* what, Names names, int64_t steps, int rows, int units, int group,
                          const char* dot) const {
     if (!on || steps <= 0) return;
+    const long long cycles = clock64() - first;
+    const unsigned long long ns = global_ns() - first_ns;
     long long total = 0;
     for (int i = 0; i < kPhases; ++i) total += sum[i];
     printf(
         "lltm step clocks: %s group=%d units=%d rows=%d dot=%s steps=%lld cycles/step: %s %lld, %s %lld, "
-        "%s %lld, %s %lld, %s %lld, %s %lld; total %lld\n",
+        "%s %lld, %s %lld, %s %lld, %s %lld; total %lld; sm clock %.3f GHz\n",
         what, group, units, rows, dot, static_cast<long long>(steps), names[0], sum[0] / steps, names[1],
         sum[1] / steps, names[2], sum[2] / steps, names[3], sum[3] / steps, names[4], sum[4] / steps,
-        names[5], sum[5] / steps, total / steps);
+        names[5], sum[5] / steps, total / steps, ns > 0 ? static_cast<double>(cycles) / ns : 0.0);
   }
 #else
   __device__ void start() {}
