@@ -68,7 +68,7 @@ def parse(text: str) -> list[dict]:
         for item in m["phases"].split(", "):
             name, value = item.rsplit(" ", 1)
             phases[name] = int(value)
-        ghz = float(m["ghz"]) if m["ghz"] and float(m["ghz"]) > 0 else None
+        ghz = float(m["ghz"] or 0) or None  # a clock of 0: the loop took no measurable time
         rows.append({"what": m["what"], "shape": m["shape"], "phases": phases, "total": int(m["total"]), "ghz": ghz})
     return rows
 
