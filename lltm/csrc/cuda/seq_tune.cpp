@@ -329,13 +329,13 @@ const Plan* measured_plan(const Problem& problem, const Decision& decision, int 
     long_times.push_back(long_us);
     short_times.push_back(short_us);
   }
-  // The model's pick stands unless another plan is faster by more than kTuneMargin.
+  // The fastest plan, unless the model's pick (the first) is within kTuneMargin of it.
   size_t best = 0;
   for (size_t i = 1; i < plans.size(); ++i) {
-    if (times[i] < 0) continue;
-    if (times[best] < 0 || times[i] < times[best] * (1.0 - kTuneMargin)) best = i;
+    if (times[i] >= 0 && (times[best] < 0 || times[i] < times[best])) best = i;
   }
   if (times[best] < 0) return nullptr;
+  if (times[0] >= 0 && times[0] * (1.0 - kTuneMargin) <= times[best]) best = 0;
   std::ostringstream report;
   const auto us = [](double t) { return static_cast<int64_t>(t + 0.5); };
   report << "timed over " << (two ? std::to_string(n / 2) + " and " : std::string()) << n << " steps";
