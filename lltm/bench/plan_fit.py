@@ -111,12 +111,13 @@ def _mma_dot_cycles(p: Problem, s: dict, k: dict) -> float:
     task_rows = s["mtiles"] // s["mstack"]  # integer division, as in C++
     tasks = math.ceil(task_rows * s["ksplit"] / warps)
     per_task = math.ceil(ksteps / s["ksplit"])
-    loads = 4 * s["mstack"] + 2 * nt
+    a_loads = 0.0 if s["wregs"] else 4.0  # A held in registers: only B each step
+    loads = a_loads * s["mstack"] + 2 * nt
     rnd = loads if p.elem == 4 else 0
     issue = k["issue_factor"] * (loads + rnd + s["mstack"] * nt)
     chains = tasks * per_task * max(k["mma_chain"] / 2, issue)
     tensor = s["mtiles"] * ksteps * nt * k["mma_pipe"] / 4
-    smem = ksteps * (4 * s["mtiles"] + 2 * nt * task_rows)
+    smem = ksteps * (a_loads * s["mtiles"] + 2 * nt * task_rows)
     return max(chains, tensor, smem) + k["mma_step_offset"]
 
 
@@ -137,7 +138,7 @@ def _step_cycles(p: Problem, s: dict, k: dict) -> float:
         dot = _mma_dot_cycles(p, s, k) + (nb - 1) * k["cell_row_cycles"]
     else:
         dot = max(issue, smem) + reduce
-    if s["wregs"]:
+    if s["wregs"] and not s["mma"]:
         dot *= k["fma_regs_factor"]
     if s["mma"] and s["path"] == "cluster":
         dot *= k["cluster_mma_factor"]

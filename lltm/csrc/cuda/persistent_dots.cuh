@@ -438,6 +438,117 @@ __device__ __forceinline__ void mma_dot(const scalar_t* a, const scalar_t* b, in
   }
 }
 
+// ------------------------------------------- A held in registers (forward)
+//
+// The forward's dot with one B tile (a chunk of at most 8 batch rows) where
+// every warp has at most one task and the task's A fragments fit in
+// kMmaRegFragments (seq_plan.h; the planner's Split::w_regs with the MMA
+// dot): each warp loads its fragments of W_hh's slice once per launch
+// (hold_a) and a step reads only B from shared memory, not the CTA's whole
+// slice of W_hh (74 KB a step at FlashRNN's point, where the port's 128
+// bytes a cycle bound the dot). The MMAs and their order are those of
+// mma_dot_tiles (one tile a task: four sets round the k steps) and
+// mma_dot_stacked (MS tiles): the same results bit for bit.
+using HeldA = uint32_t[kMmaRegFragments][4];
+
+// Tasks of the held dot's plan (one B tile): its tiles a task and their count.
+__device__ __forceinline__ int held_tasks(int mtiles, int mstack, int ksplit) {
+  return mtiles / task_tiles(mstack, 1) * ksplit;
+}
+
+// Fragment (m, kk) of a task of MS tiles: MS rows of kMmaRegFragments / MS k steps.
+template <int MS>
+constexpr int held_index(int m, int kk) {
+  return m * (kMmaRegFragments / MS) + kk;
+}
+
+template <typename scalar_t, int MS>
+__device__ __forceinline__ void hold_a_ms(const MmaOperands& o, int ksteps, const WarpTask& first,
+                                          HeldA& held) {
+  constexpr int K = kMmaRegFragments / MS;
+  FragmentWalk walk = FragmentWalk::at(o, ksteps, first.seg, first.kin, first.at.m0);
+  const int nk = first.at.k1 - first.at.k0;
+#pragma unroll
+  for (int kk = 0; kk < K; ++kk) {
+    if (kk >= nk) break;
+#pragma unroll
+    for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(held[held_index<MS>(m, kk)], m);
+    walk.next();
+  }
+}
+
+template <typename scalar_t, int MS>
+__device__ __forceinline__ void mma_dot_held_ms(const MmaOperands& o, int ksteps, int mtiles,
+                                                const WarpTask& first, const HeldA& held, float* tile) {
+  constexpr int K = kMmaRegFragments / MS;
+  constexpr int kSets = MS == 1 ? 4 : 1;
+  FragmentWalk walk = FragmentWalk::at(o, ksteps, first.seg, first.kin, first.at.m0);
+  const int nk = first.at.k1 - first.at.k0;
+  float acc[kSets][MS][1][4];  // [set][tile][the one B tile][fragment]
+#pragma unroll
+  for (int h = 0; h < kSets; ++h) {
+#pragma unroll
+    for (int m = 0; m < MS; ++m) acc[h][m][0][0] = acc[h][m][0][1] = acc[h][m][0][2] = acc[h][m][0][3] = 0.f;
+  }
+#pragma unroll
+  for (int kk = 0; kk < K; ++kk) {
+    if (kk >= nk) break;
+    uint32_t bf[1][2];
+    walk.load_b<scalar_t, 1>(bf);
+#pragma unroll
+    for (int m = 0; m < MS; ++m)
+      mma_tile<scalar_t>(acc[kk % kSets][m][0], held[held_index<MS>(m, kk)], bf[0]);
+    walk.next();
+  }
+#pragma unroll
+  for (int h = 1; h < kSets; ++h) {
+#pragma unroll
+    for (int m = 0; m < MS; ++m) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[0][m][0][i] += acc[h][m][0][i];
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < MS; ++m) store_tile<1>(tile, first.at.slice, mtiles, first.at.m0 + m, acc[0][m]);
+}
+
+// Loads this warp's A fragments of W_hh's slice `a` (rows `row` elements
+// apart, k = state) once per launch; warps past the plan's tasks hold none.
+template <typename scalar_t>
+__device__ __forceinline__ void hold_a(const scalar_t* a, int row, int state, int mtiles, int mstack,
+                                       int ksplit, const WarpTask& first, HeldA& held) {
+  if ((threadIdx.x >> 5) >= held_tasks(mtiles, mstack, ksplit)) return;
+  const int ksteps = mma_ksteps<scalar_t>(state);
+  const MmaOperands o = mma_operands(a, a, 0, row, 0, row);
+  switch (task_tiles(mstack, 1)) {  // once per launch: a jump table costs nothing here
+    case 4:
+      return hold_a_ms<scalar_t, 4>(o, ksteps, first, held);
+    case 3:
+      return hold_a_ms<scalar_t, 3>(o, ksteps, first, held);
+    case 2:
+      return hold_a_ms<scalar_t, 2>(o, ksteps, first, held);
+    default:
+      return hold_a_ms<scalar_t, 1>(o, ksteps, first, held);
+  }
+}
+
+// One step's products with the held fragments against B = the exchanged
+// rows `b` (`row` elements apart), into `tile` as mma_dot writes it.
+// (Branches, not a switch: see mma_dot.)
+template <typename scalar_t>
+__device__ __forceinline__ void mma_dot_held(const scalar_t* b, int row, int state, int mtiles, int mstack,
+                                             int ksplit, const WarpTask& first, const HeldA& held,
+                                             float* tile) {
+  if ((threadIdx.x >> 5) >= held_tasks(mtiles, mstack, ksplit)) return;
+  const int ksteps = mma_ksteps<scalar_t>(state);
+  const MmaOperands o = mma_operands(b, b, 0, row, 0, row);
+  const int ms = task_tiles(mstack, 1);
+  if (ms == 3) return mma_dot_held_ms<scalar_t, 3>(o, ksteps, mtiles, first, held, tile);
+  if (ms == 2) return mma_dot_held_ms<scalar_t, 2>(o, ksteps, mtiles, first, held, tile);
+  if (ms == 4) return mma_dot_held_ms<scalar_t, 4>(o, ksteps, mtiles, first, held, tile);
+  mma_dot_held_ms<scalar_t, 1>(o, ksteps, mtiles, first, held, tile);
+}
+
 // D[m][n] of mma_dot: its k slices added in order. Every slice's value is
 // loaded before the first add (a chain of dependent loads would cost a
 // shared-memory round trip per slice).

@@ -3,8 +3,9 @@
 // policies; seq_persistent.cu has the overview, persistent_launch.cuh launches them.
 //
 // Template parameters: the Cell, the tensor dtype, NB batch rows per thread
-// group, the dot (kMma: tensor-core tiles; else FMA chains with W_hh's slice
-// in registers (kRegW) or in shared memory) and the Exchange policy.
+// group, the dot (kMma: tensor-core tiles; else FMA chains) with W_hh's slice
+// in registers (kRegW: the FMA dot's chunks, or the forward MMA dot's A
+// fragments) or in shared memory, and the Exchange policy.
 #pragma once
 
 #include <ATen/OpMathType.h>
@@ -101,6 +102,11 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   constexpr int V = 16 / sizeof(scalar_t);  // elements per 16-byte chunk
   constexpr int kRegChunks = kRegChunksOf<Cell>;
   constexpr bool kCluster = Exchange<scalar_t>::kClusterOnly;
+  // W_hh in registers: the FMA dot's chunks, or the MMA dot's A fragments
+  // (one B tile, NB = 1; persistent_dots.cuh's hold_a).
+  constexpr bool kFmaRegs = kRegW && !kMma, kHeldA = kRegW && kMma;
+  static_assert(!kHeldA || (NB == 1 && !kCluster),
+                "the held A fragments are the grid path's, one row a thread");
   if (unsupported_here<Exchange<scalar_t>::kClusters, kMma>()) return;
   const Slice s = my_slice(p);
   const int J = p.units, S = p.state, row = p.row, Bp = p.rows_padded;
@@ -132,8 +138,8 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   // The FMA dot with W_hh in registers (kRegW; the planner left it out of
   // shared memory): lane ks holds chunks ks + m KS of its unit's G gate
   // rows, zero past S (threads that are not working hold unit j0's).
-  Pack<scalar_t, V> w_r[G][kRegW ? kRegChunks : 1];
-  if constexpr (kRegW) {
+  Pack<scalar_t, V> w_r[G][kFmaRegs ? kRegChunks : 1];
+  if constexpr (kFmaRegs) {
 #pragma unroll
     for (int i = 0; i < G; ++i) {
       const scalar_t* w_row = p.w + (int64_t(i) * S + j) * p.w_ld;
@@ -197,7 +203,9 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   // The MMA dot's first task of this warp, placed once (persistent_dots.cuh).
   [[maybe_unused]] WarpTask task{};
   if constexpr (kMma) task = warp_task<scalar_t>(1, S, p.mtiles, p.mstack, Bp / 8, p.ksplit);
-  ex.start();
+  ex.start();  // (its barrier also ends the staging of w_s)
+  [[maybe_unused]] HeldA held;
+  if constexpr (kHeldA) hold_a<scalar_t>(w_s, row, S, p.mtiles, p.mstack, p.ksplit, task, held);
   StepClocks clk;
   clk.start();
 
@@ -206,7 +214,11 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
     const scalar_t* h_cur = ex.view(t & 1);
     const int next = (t + 1) & 1;
     const bool last = t + 1 == p.steps;
-    if constexpr (kMma) {  // every warp: the CTA's G J x Bp products
+    if constexpr (kHeldA) {  // every warp with a task: the CTA's G J x Bp products
+      mma_dot_held<scalar_t>(h_cur, row, S, p.mtiles, p.mstack, p.ksplit, task, held, tile);
+      __syncthreads();
+      clk.mark(0);
+    } else if constexpr (kMma) {
       mma_dot<scalar_t>(w_s, h_cur, 1, 0, row, 0, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, task, tile);
       __syncthreads();
       clk.mark(0);
@@ -345,6 +357,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   // mbarrier each): the MMA dot walks k segment by segment, every warp
   // starting on gate 0, and waits for each block as it reaches it.
   constexpr bool kBlockWaits = kMma && !kCluster;
+  static_assert(!(kMma && kRegW), "the backward's MMA dot reads W_hh from shared memory");
   if (unsupported_here<Exchange<scalar_t>::kClusters, kMma>()) return;
   const Slice s = my_slice(p);
   const int J = p.units, S = p.state, row = p.row, Bp = p.rows_padded;

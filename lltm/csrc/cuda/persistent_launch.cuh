@@ -72,11 +72,25 @@ auto kernel_for_dot(SeqPath path, int per_thread, bool multicast) {
   return kernel_for_rows<Cell, scalar_t, kBackward, kMma, kRegW, GridExchange>(per_thread);
 }
 
+// The grid path's forward MMA kernels with A held in registers: one row a
+// thread group, half types (seq_plan.cpp's mma_holds_a).
+template <typename scalar_t, bool kBackward>
+constexpr bool kHasHeldA = !kBackward && sizeof(scalar_t) == 2;
+
 // The instantiation for a path, NB batch rows per thread group, the dot
-// and the grid's multicast (double has no MMA kernels; the MMA dot keeps
-// W_hh in shared memory, and so does every dtype but float: seq_plan.h).
+// and the grid's multicast (double has no MMA kernels; W_hh in registers:
+// the FMA dot's chunks for float, the MMA dot's A fragments where
+// kHasHeldA: seq_plan.h).
 template <typename Cell, typename scalar_t, bool kBackward>
 auto kernel_for(SeqPath path, int per_thread, bool mma, bool w_regs, bool multicast = false) {
+  if constexpr (kHasHeldA<scalar_t, kBackward>) {
+    if (mma && w_regs) {
+      TORCH_CHECK(path == SeqPath::kGrid && per_thread == 1,
+                  "lltm: internal error: A held in registers is a grid plan of one row a thread");
+      return multicast ? kernel_instance<Cell, scalar_t, kBackward, 1, true, true, MulticastExchange>()
+                       : kernel_instance<Cell, scalar_t, kBackward, 1, true, true, GridExchange>();
+    }
+  }
   if constexpr (!std::is_same_v<scalar_t, double>) {
     if (mma) return kernel_for_dot<Cell, scalar_t, kBackward, true, false>(path, per_thread, multicast);
   }

@@ -183,7 +183,7 @@ struct StepClocks {
 // The dot a kernel runs, as the step clocks report it.
 template <bool kMma, bool kRegW>
 __device__ __forceinline__ const char* dot_name() {
-  return kMma ? "mma" : kRegW ? "fma-regs" : "fma-smem";
+  return kMma ? (kRegW ? "mma-regs" : "mma") : kRegW ? "fma-regs" : "fma-smem";
 }
 
 // The byte offset in a CTA's shared memory of the MMA dot's tile of partial

@@ -49,8 +49,9 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 struct Allowed {
   bool cluster = true, grid = true, loop = true;
   // LLTM_SEQ_DOT: the persistent kernels' dot (FMA with W_h in registers or
-  // in shared memory, or MMA)
-  bool fma_regs = true, fma_smem = true, mma = true;
+  // in shared memory, or MMA with A in registers where it fits, or always
+  // from shared memory: mma_smem, never the planner's own choice)
+  bool fma_regs = true, fma_smem = true, mma = true, mma_smem = false;
   bool forced = false;   // exactly one path named: it must run
   int cluster_size = 0;  // LLTM_SEQ_CLUSTER, 0: the planner's choice
   int grid_group = 0;    // LLTM_SEQ_GROUP, 0: the planner's choice
@@ -81,12 +82,15 @@ Allowed read_environment() {
   const char* dot = std::getenv("LLTM_SEQ_DOT");
   if (dot != nullptr && *dot != '\0') {
     const std::string d(dot);
-    TORCH_CHECK(d == "fma" || d == "fma-regs" || d == "fma-smem" || d == "mma", "LLTM_SEQ_DOT=", dot,
+    TORCH_CHECK(d == "fma" || d == "fma-regs" || d == "fma-smem" || d == "mma" || d == "mma-smem",
+                "LLTM_SEQ_DOT=", dot,
                 " is not a dot of the persistent kernels: use fma (CUDA cores; fma-regs / fma-smem: "
-                "W_h in registers / in shared memory) or mma (tensor cores), or leave it unset");
+                "W_h in registers / in shared memory) or mma (tensor cores; mma-smem: W_h's tiles read "
+                "from shared memory every step, never held in registers), or leave it unset");
     a.fma_regs = d == "fma" || d == "fma-regs";
     a.fma_smem = d == "fma" || d == "fma-smem";
     a.mma = d == "mma";
+    a.mma_smem = d == "mma-smem";
   }
   const char* text = std::getenv("LLTM_SEQ_PATH");
   if (text == nullptr || *text == '\0') return a;
@@ -117,20 +121,34 @@ Allowed read_environment() {
 // ------------------------------------------------------------------ split
 
 // A persistent split's dot: FMA with W_h's slice in registers or in shared
-// memory, or tensor-core MMA.
-enum class Dot { kFmaRegs, kFmaSmem, kMma };
+// memory, or tensor-core MMA with A held in registers where it fits
+// (mma_holds_a) or read from shared memory every step (kMmaSmem:
+// LLTM_SEQ_DOT=mma-smem).
+enum class Dot { kFmaRegs, kFmaSmem, kMma, kMmaSmem };
 
 // The MMA dot's k step (m16n8k16 for half types, m16n8k8 for TF32), and the
 // k steps of one step's products (backward: G segments, one per gate).
 int64_t mma_kstep(const Problem& p) { return p.elem == 2 ? 16 : 8; }
 int64_t mma_ksteps(const Problem& p) { return (p.backward ? p.gates : 1) * ceil_div(p.state, mma_kstep(p)); }
 
+// Whether each warp of an MMA split can hold its A fragments in registers
+// (persistent_dots.cuh's hold_a): the grid path's forward in half types,
+// one B tile and one row a thread group (the kernels built for it), at
+// most one task a warp, and a task's tiles x k steps within
+// kMmaRegFragments. The same MMAs in the same order as from shared memory.
+bool mma_holds_a(const Problem& p, SeqPath path, const Split& s) {
+  const int64_t ms = s.mstack >= 2 && s.mstack <= 4 ? s.mstack : 1;  // task_tiles with one B tile
+  const int64_t tasks = s.mtiles / ms * s.ksplit;
+  return !p.backward && p.elem == 2 && path == SeqPath::kGrid && s.rows_padded == 8 && s.per_thread == 1 &&
+         tasks <= s.threads / 32 && ms * ceil_div(mma_ksteps(p), s.ksplit) <= kMmaRegFragments;
+}
+
 // The split with `group` CTAs per chunk, `rows` batch rows per chunk and
 // the dot, or nothing where one CTA's threads, registers (W_h's chunks of a
 // lane) or shared memory cannot hold it.
 std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_t rows, size_t smem_limit,
                                Dot dot) {
-  const bool mma = dot == Dot::kMma;
+  const bool mma = dot == Dot::kMma || dot == Dot::kMmaSmem;
   const int V = 16 / p.elem;  // elements per 16-byte chunk
   int64_t units = ceil_div(p.state, group);
   // The cluster exchange moves 4-byte words: a CTA's columns start at a
@@ -214,9 +232,9 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
   s.rows_padded = static_cast<int>(padded);
   s.chunks = static_cast<int>(ceil_div(p.batch, rows));
   s.per_thread = nb;
-  s.w_regs = dot == Dot::kFmaRegs;
   s.ks = ks;
   s.threads = threads;
+  s.w_regs = dot == Dot::kFmaRegs || (dot == Dot::kMma && mma_holds_a(p, path, s));
   s.row = static_cast<int>(row);
   s.w_rows = static_cast<int>(w_rows);
   s.smem = static_cast<size_t>(smem);
@@ -249,7 +267,7 @@ int grid_multicast(const Allowed& a, const DeviceLimits& d, const Problem& p, in
 // each with its waves.
 std::vector<Split> splits(const Problem& p, SeqPath path, int group, Dot dot, const DeviceLimits& d,
                           const Allowed& allowed, const ResidentChunks& resident, std::string& why) {
-  const bool mma = dot == Dot::kMma;
+  const bool mma = dot == Dot::kMma || dot == Dot::kMmaSmem;
   std::vector<Split> out;
   int64_t rows = ceil_div(p.batch, std::max<int64_t>(1, d.sms / std::max(1, group)));
   // Fewer rows per chunk (in more waves) where the guess does not fit.
@@ -342,7 +360,8 @@ const Model kModel;
 // chains, the tensor cores (4 per SM) and the shared-memory port (one
 // 128-byte warp load a cycle: A is read once, B once per row of tasks);
 // then the tile's round trip through shared memory (see
-// Model::mma_step_offset).
+// Model::mma_step_offset). With A held in registers (w_regs) a step loads
+// and reads only B.
 double mma_dot_cycles(const Problem& p, const Split& s) {
   const double ksteps = static_cast<double>(mma_ksteps(p));
   const double nt = s.rows_padded / 8.0;
@@ -350,12 +369,13 @@ double mma_dot_cycles(const Problem& p, const Split& s) {
   const double task_rows = s.mtiles / s.mstack;
   const double tasks = std::ceil(task_rows * s.ksplit / warps);  // (tiles, k slice) tasks per warp
   const double per_task = std::ceil(ksteps / s.ksplit);
-  const double loads = 4 * s.mstack + 2 * nt;    // per k step of a task
-  const double round = p.elem == 4 ? loads : 0;  // cvt.rna.tf32 per word
+  const double a_loads = s.w_regs ? 0.0 : 4.0;
+  const double loads = a_loads * s.mstack + 2 * nt;  // per k step of a task
+  const double round = p.elem == 4 ? loads : 0;      // cvt.rna.tf32 per word
   const double issue = kModel.issue_factor * (loads + round + s.mstack * nt);
   const double chains = tasks * per_task * std::max(kModel.mma_chain / 2, issue);
   const double tensor = s.mtiles * ksteps * nt * kModel.mma_pipe / 4;
-  const double smem = ksteps * (4 * s.mtiles + 2 * nt * task_rows);  // A once, B once per task row
+  const double smem = ksteps * (a_loads * s.mtiles + 2 * nt * task_rows);  // A once, B once per task row
   return std::max({chains, tensor, smem}) + kModel.mma_step_offset;
 }
 
@@ -381,7 +401,7 @@ double persistent_step_cycles(const Problem& p, SeqPath path, const Split& s) {
   // each further row's cell math, run one after the other.
   double dot =
       s.mma ? mma_dot_cycles(p, s) + (nb - 1) * kModel.cell_row_cycles : std::max(issue, smem) + reduce;
-  if (s.w_regs) dot *= kModel.fma_regs_factor;
+  if (s.w_regs && !s.mma) dot *= kModel.fma_regs_factor;
   if (s.mma && path == SeqPath::kCluster) dot *= kModel.cluster_mma_factor;
   double exchange;
   if (path == SeqPath::kCluster) {
@@ -474,7 +494,8 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
   // W_h in registers for float32 only (seq_plan.h).
   if (allowed.fma_regs && p.elem == 4) dots.push_back(Dot::kFmaRegs);
   if (allowed.fma_smem) dots.push_back(Dot::kFmaSmem);
-  if (allowed.mma && p.mma_dot() && d.mma_kernels) dots.push_back(Dot::kMma);
+  if ((allowed.mma || allowed.mma_smem) && p.mma_dot() && d.mma_kernels)
+    dots.push_back(allowed.mma ? Dot::kMma : Dot::kMmaSmem);
   // Why a persistent path has no split when no dot is left (LLTM_SEQ_DOT=mma
   // or fma-regs).
   const char* no_dot = allowed.fma_regs ? "LLTM_SEQ_DOT=fma-regs: W_h in registers for float32 only"
@@ -572,7 +593,7 @@ std::string describe(const Problem& p, const Decision& decision) {
       os << " units=" << s.units << " rows=" << s.rows << " chunks=" << s.chunks << " waves=" << s.waves
          << " nb=" << s.per_thread << " ks=" << s.ks << " threads=" << s.threads << " smem=" << s.smem
          << " dot="
-         << (s.mma      ? "mma"
+         << (s.mma      ? (s.w_regs ? "mma w=regs" : "mma")
              : s.w_regs ? "fma w=regs"
                         : "fma w=smem");
       if (s.mma) os << " mtiles=" << s.mtiles << " mstack=" << s.mstack << " ksplit=" << s.ksplit;

@@ -33,7 +33,9 @@
 // shared-memory tile: bf16 / fp16 inputs, and float32 on TF32 where lltm's
 // mode allows it (precision.h: torch's TF32 switch, or
 // lltm.set_fp32_precision "tf32"; "accurate" keeps them strict); accumulation is
-// float in every case. (Strict float32 as 3xTF32 was measured and left out:
+// float in every case; in the forward of a small chunk in half types each
+// warp holds its A fragments in registers where they fit (kMmaRegFragments).
+// (Strict float32 as 3xTF32 was measured and left out:
 // slower than the FMA chain at every size tried, and 8x plain fp32's error
 // at T = 1000: docs/benchmarks.md.)
 //
@@ -42,7 +44,8 @@
 // cluster, grid, loop; a single name forces that path and is an error where
 // it cannot run. LLTM_SEQ_CLUSTER=N (1..16) fixes the cluster size,
 // LLTM_SEQ_GROUP=N the CTAs per grid group, and LLTM_SEQ_DOT the persistent
-// kernels' dot: fma (either place of W_h), fma-regs, fma-smem or mma.
+// kernels' dot: fma (either place of W_h), fma-regs, fma-smem, mma (A in
+// registers where it fits) or mma-smem (A read from shared memory every step).
 // LLTM_SEQ_MULTICAST=M (1, 2, 4 or 8) sets the clusters of CTAs that share
 // each reload of the grid path's MMA kernels (sm_90; 1: none; unset: the
 // planner's choice).
@@ -70,6 +73,13 @@ constexpr int kMaxMmaRows = 64;
 // widen twice as many floats into registers, and float64 (the tests'
 // dtype) gains little from it for another set of kernels to build.
 constexpr int reg_chunks(int gates) { return 24 / gates; }
+
+// A fragments (4 words a lane each) of W_h's slice one warp of the MMA dot
+// holds in registers for the whole loop (Split::w_regs with the MMA dot: a
+// forward chunk of at most 8 batch rows in half types, each warp's task's
+// tiles x k steps at most this many): 72 registers, FlashRNN's point's
+// share (3 tiles x 6 k steps at S = 768, groups of 64 CTAs).
+constexpr int kMmaRegFragments = 18;
 
 // Bytes at the start of a persistent kernel's dynamic shared memory that
 // hold the cluster exchange's two mbarriers (one per buffer parity), or the
@@ -102,11 +112,14 @@ struct Split {
   // CTA's units (forward, 3 J rows) or its columns (backward, J rows, three
   // k segments), 16 rows a tile; B = the exchanged rows, 8 batch rows a tile.
   bool mma = false;
-  bool w_regs = false;  // FMA dot: W_h's slice in registers (w_rows = 0), not in shared memory
-  int mtiles = 0;       // 16-row tiles of A
-  int mstack = 1;       // tiles of A one warp's task takes (sharing its B fragments)
-  int ksplit = 0;       // k slices of each task's tiles (partial sums added in order)
-  int w_rows = 0;       // rows of W_h's slice in shared memory (past 3 J: read by the last tile, unused)
+  // W_h's slice in registers for the whole loop: the FMA dot's chunks
+  // (w_rows = 0), or each warp's A fragments of the MMA dot (loaded once from
+  // the staged rows; kMmaRegFragments), not read from shared memory each step
+  bool w_regs = false;
+  int mtiles = 0;  // 16-row tiles of A
+  int mstack = 1;  // tiles of A one warp's task takes (sharing its B fragments)
+  int ksplit = 0;  // k slices of each task's tiles (partial sums added in order)
+  int w_rows = 0;  // rows of W_h's slice in shared memory (past 3 J: read by the last tile, unused)
   // Grid with the MMA dot, sm_90: CTAs of a cluster that share each step's
   // reload from L2 by one multicast copy (1: each CTA copies its own; a
   // divisor of group).
