@@ -506,27 +506,40 @@ def test_cuda_paths_match_reference(monkeypatch, torch_settings, cell, path, dot
         assert rel_err(g, w) <= tol, f"result {k}: {rel_err(g, w):.2e}"
 
 
-# (S, grid group): forward plans whose warps hold W_hh's A fragments in registers, with tasks of
-# 1, 2, 3 and 4 tiles among the cells' gate counts (3 and 4): LSTM 200/8: one tile, 13 k steps a
-# task (four accumulator sets and a tail); 70/3: 3 tiles (GRU: 1); 128/4: 4 (GRU: 3); 40/8: 2
-# (GRU: 1, three warps idle); 256/32: 2, two k steps.
-HELD_A = [(200, 8), (70, 3), (128, 4), (40, 8), (256, 32)]
+# (path, S, CTAs a chunk): forward plans whose warps hold W_hh's A fragments in registers, with
+# tasks of 1, 2, 3 and 4 tiles among the cells' gate counts (3 and 4). All of a task's k steps held:
+# grid 200/8 (one tile, 13 k steps: four accumulator sets and a tail), 70/3 (LSTM 3 tiles, GRU 1),
+# 128/4 (4 and 3), 40/8 (2 and 1, three warps idle). Part of them (the rest read from shared memory
+# every step): grid 512/16 (4 tiles, 4 of 8 k steps held; GRU 3, 6 of 8), 400/16 (one tile, 18 of
+# 25), cluster 512/16 (as grid 512/16) and cluster 128/4.
+HELD_A = [
+    ("grid", 200, 8),
+    ("grid", 70, 3),
+    ("grid", 128, 4),
+    ("grid", 40, 8),
+    ("grid", 512, 16),
+    ("grid", 400, 16),
+    ("cluster", 512, 16),
+    ("cluster", 128, 4),
+]
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", LOW_PRECISION, ids=["float16", "bfloat16"])
-@pytest.mark.parametrize("S,group", HELD_A, ids=lambda v: str(v))
+@pytest.mark.parametrize("path,S,group", HELD_A, ids=lambda v: str(v))
 @pytest.mark.parametrize("cell", SEAM, ids=lambda c: c.name)
-def test_grid_forward_holds_w_in_registers(monkeypatch, cell, S, group, dtype):
-    """The grid path's MMA forward with each warp's A fragments of W_hh held in registers (the plan
-    says dot=mma w=regs) against the same plan reading them from shared memory every step
-    (LLTM_SEQ_DOT=mma-smem): the same MMAs in the same order, so outputs, final states and every
-    gradient equal bit for bit; and within 2x the python backend's error in the same dtype."""
+def test_forward_holds_w_in_registers(monkeypatch, cell, path, S, group, dtype):
+    """The persistent MMA forward with each warp's A fragments of W_hh (all or the first of them) held
+    in registers (the plan says dot=mma w=regs) against the same plan reading them from shared memory
+    every step (LLTM_SEQ_DOT=mma-smem): the same MMAs in the same order, so outputs, final states and
+    every gradient equal bit for bit; and within 2x the python backend's error in the same dtype."""
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("no tensor-core MMA before sm_80")
-    monkeypatch.setenv("LLTM_SEQ_PATH", "grid")
-    monkeypatch.setenv("LLTM_SEQ_GROUP", str(group))
+    if path == "cluster" and not _cluster_kernels_here():
+        pytest.skip("no thread-block cluster kernels on this device or build")
+    monkeypatch.setenv("LLTM_SEQ_PATH", path)
+    monkeypatch.setenv("LLTM_SEQ_CLUSTER" if path == "cluster" else "LLTM_SEQ_GROUP", str(group))
     T, B, I = 9, 5, 7
     args = make_layer(cell, T, B, I, S, device="cuda", seed=S + group)
     lengths = torch.tensor([9, 0, 4, 8, 1], device="cuda")
@@ -535,8 +548,8 @@ def test_grid_forward_holds_w_in_registers(monkeypatch, cell, S, group, dtype):
     for dot in ("mma", "mma-smem"):
         monkeypatch.setenv("LLTM_SEQ_DOT", dot)
         forward = torch.ops.lltm._fused_cuda_seq_plan(False, T, B, S, dtype, 0, cell.name).splitlines()
-        grid = next(line for line in forward if line.strip().startswith("grid group="))
-        assert ("dot=mma w=regs" in grid) == (dot == "mma"), grid
+        chosen = next(line for line in forward if line.strip().startswith(f"{path} group="))
+        assert ("dot=mma w=regs" in chosen) == (dot == "mma"), chosen
         results[dot] = outputs_and_grads(run(cell, "fused"), low, lengths)
     exact = outputs_and_grads(reference(cell), _cpu(args), lengths.cpu())
     plain = outputs_and_grads(reference(cell), low, lengths)

@@ -104,6 +104,18 @@ def _mma_ksteps(p: Problem) -> int:
     return (p.gates if p.backward else 1) * math.ceil(p.state / kstep)
 
 
+MMA_REG_FRAGMENTS = 18  # seq_plan.h's kMmaRegFragments
+
+
+def _held_share(p: Problem, s: dict) -> float:
+    """seq_plan.cpp's mma_held_share: the share of a task's k steps whose A fragments it holds."""
+    if not (s["mma"] and s["wregs"]):
+        return 0.0
+    tiles = s["mstack"] if 2 <= s["mstack"] <= 4 else 1
+    per_task = math.ceil(_mma_ksteps(p) / s["ksplit"])
+    return min(1.0, (MMA_REG_FRAGMENTS // tiles) / per_task)
+
+
 def _mma_dot_cycles(p: Problem, s: dict, k: dict) -> float:
     ksteps = _mma_ksteps(p)
     nt = s["rows_padded"] / 8.0
@@ -111,7 +123,7 @@ def _mma_dot_cycles(p: Problem, s: dict, k: dict) -> float:
     task_rows = s["mtiles"] // s["mstack"]  # integer division, as in C++
     tasks = math.ceil(task_rows * s["ksplit"] / warps)
     per_task = math.ceil(ksteps / s["ksplit"])
-    a_loads = 0.0 if s["wregs"] else 4.0  # A held in registers: only B each step
+    a_loads = 4.0 * (1.0 - _held_share(p, s))  # A held in registers is not loaded each step
     loads = a_loads * s["mstack"] + 2 * nt
     rnd = loads if p.elem == 4 else 0
     issue = k["issue_factor"] * (loads + rnd + s["mstack"] * nt)

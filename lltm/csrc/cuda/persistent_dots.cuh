@@ -441,14 +441,15 @@ __device__ __forceinline__ void mma_dot(const scalar_t* a, const scalar_t* b, in
 // ------------------------------------------- A held in registers (forward)
 //
 // The forward's dot with one B tile (a chunk of at most 8 batch rows) where
-// every warp has at most one task and the task's A fragments fit in
-// kMmaRegFragments (seq_plan.h; the planner's Split::w_regs with the MMA
-// dot): each warp loads its fragments of W_hh's slice once per launch
-// (hold_a) and a step reads only B from shared memory, not the CTA's whole
-// slice of W_hh (74 KB a step at FlashRNN's point, where the port's 128
-// bytes a cycle bound the dot). The MMAs and their order are those of
-// mma_dot_tiles (one tile a task: four sets round the k steps) and
-// mma_dot_stacked (MS tiles): the same results bit for bit.
+// every warp has at most one task (seq_plan.h; the planner's Split::w_regs
+// with the MMA dot): each warp loads the A fragments of its task's first
+// kMmaRegFragments / MS k steps once per launch (hold_a), and a step reads
+// from shared memory only B and the A fragments of the k steps past them,
+// not the CTA's whole slice of W_hh (74 KB a step at FlashRNN's point, all
+// of it held, where the port's 128 bytes a cycle bound the dot). The MMAs
+// and their order are those of mma_dot_tiles (one tile a task: four sets
+// round the k steps) and mma_dot_stacked (MS tiles): the same results bit
+// for bit.
 using HeldA = uint32_t[kMmaRegFragments][4];
 
 // Tasks of the held dot's plan (one B tile): its tiles a task and their count.
@@ -477,7 +478,10 @@ __device__ __forceinline__ void hold_a_ms(const MmaOperands& o, int ksteps, cons
   }
 }
 
-template <typename scalar_t, int MS>
+// kPart: the task may have k steps past the held ones (a kernel of its
+// own: with that code in its path, the all-held dot ran 3% slower at
+// FlashRNN's point, even where every k step was held).
+template <typename scalar_t, int MS, bool kPart>
 __device__ __forceinline__ void mma_dot_held_ms(const MmaOperands& o, int ksteps, int mtiles,
                                                 const WarpTask& first, const HeldA& held, float* tile) {
   constexpr int K = kMmaRegFragments / MS;
@@ -490,15 +494,39 @@ __device__ __forceinline__ void mma_dot_held_ms(const MmaOperands& o, int ksteps
 #pragma unroll
     for (int m = 0; m < MS; ++m) acc[h][m][0][0] = acc[h][m][0][1] = acc[h][m][0][2] = acc[h][m][0][3] = 0.f;
   }
-#pragma unroll
-  for (int kk = 0; kk < K; ++kk) {
-    if (kk >= nk) break;
+  // k step kk of the held ones (kk a constant once unrolled).
+  auto held_step = [&](int kk) {
     uint32_t bf[1][2];
     walk.load_b<scalar_t, 1>(bf);
 #pragma unroll
     for (int m = 0; m < MS; ++m)
       mma_tile<scalar_t>(acc[kk % kSets][m][0], held[held_index<MS>(m, kk)], bf[0]);
     walk.next();
+  };
+  if (!kPart || nk <= K) {
+#pragma unroll
+    for (int kk = 0; kk < K; ++kk) {
+      if (kk >= nk) break;
+      held_step(kk);
+    }
+  } else if constexpr (kPart) {
+#pragma unroll
+    for (int kk = 0; kk < K; ++kk) held_step(kk);
+    // The k steps past the held ones, A from shared memory; k step kk still
+    // goes to set kk % kSets, which is (K + h) % kSets here.
+    for (int kk = K; kk < nk; kk += kSets) {
+#pragma unroll
+      for (int h = 0; h < kSets; ++h) {
+        if (kk + h >= nk) break;
+        uint32_t af[MS][4], bf[1][2];
+        walk.load_b<scalar_t, 1>(bf);
+#pragma unroll
+        for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(af[m], m);
+#pragma unroll
+        for (int m = 0; m < MS; ++m) mma_tile<scalar_t>(acc[(K + h) % kSets][m][0], af[m], bf[0]);
+        walk.next();
+      }
+    }
   }
 #pragma unroll
   for (int h = 1; h < kSets; ++h) {
@@ -532,21 +560,21 @@ __device__ __forceinline__ void hold_a(const scalar_t* a, int row, int state, in
   }
 }
 
-// One step's products with the held fragments against B = the exchanged
-// rows `b` (`row` elements apart), into `tile` as mma_dot writes it.
-// (Branches, not a switch: see mma_dot.)
-template <typename scalar_t>
-__device__ __forceinline__ void mma_dot_held(const scalar_t* b, int row, int state, int mtiles, int mstack,
-                                             int ksplit, const WarpTask& first, const HeldA& held,
-                                             float* tile) {
+// One step's products of the held fragments and of W_hh's slice `a` past
+// them against B = the exchanged rows `b` (both `row` elements a row),
+// into `tile` as mma_dot writes it. (Branches, not a switch: see mma_dot.)
+template <typename scalar_t, bool kPart>
+__device__ __forceinline__ void mma_dot_held(const scalar_t* a, const scalar_t* b, int row, int state,
+                                             int mtiles, int mstack, int ksplit, const WarpTask& first,
+                                             const HeldA& held, float* tile) {
   if ((threadIdx.x >> 5) >= held_tasks(mtiles, mstack, ksplit)) return;
   const int ksteps = mma_ksteps<scalar_t>(state);
-  const MmaOperands o = mma_operands(b, b, 0, row, 0, row);
+  const MmaOperands o = mma_operands(a, b, 0, row, 0, row);
   const int ms = task_tiles(mstack, 1);
-  if (ms == 3) return mma_dot_held_ms<scalar_t, 3>(o, ksteps, mtiles, first, held, tile);
-  if (ms == 2) return mma_dot_held_ms<scalar_t, 2>(o, ksteps, mtiles, first, held, tile);
-  if (ms == 4) return mma_dot_held_ms<scalar_t, 4>(o, ksteps, mtiles, first, held, tile);
-  mma_dot_held_ms<scalar_t, 1>(o, ksteps, mtiles, first, held, tile);
+  if (ms == 3) return mma_dot_held_ms<scalar_t, 3, kPart>(o, ksteps, mtiles, first, held, tile);
+  if (ms == 2) return mma_dot_held_ms<scalar_t, 2, kPart>(o, ksteps, mtiles, first, held, tile);
+  if (ms == 4) return mma_dot_held_ms<scalar_t, 4, kPart>(o, ksteps, mtiles, first, held, tile);
+  mma_dot_held_ms<scalar_t, 1, kPart>(o, ksteps, mtiles, first, held, tile);
 }
 
 // D[m][n] of mma_dot: its k slices added in order. Every slice's value is

@@ -3,9 +3,11 @@
 // policies; seq_persistent.cu has the overview, persistent_launch.cuh launches them.
 //
 // Template parameters: the Cell, the tensor dtype, NB batch rows per thread
-// group, the dot (kMma: tensor-core tiles; else FMA chains) with W_hh's slice
-// in registers (kRegW: the FMA dot's chunks, or the forward MMA dot's A
-// fragments) or in shared memory, and the Exchange policy.
+// group, the dot (kMma: tensor-core tiles; else FMA chains), W_hh's slice
+// in registers (kRegW != 0: the FMA dot's chunks; the forward MMA dot's A
+// fragments, kRegW 1 of every k step of a warp's task, 2 of the first ones
+// with the rest read from shared memory) or in shared memory (0), and the
+// Exchange policy.
 #pragma once
 
 #include <ATen/OpMathType.h>
@@ -93,7 +95,7 @@ __device__ __forceinline__ bool unsupported_here() {
 template <bool kMma, typename Exchange>
 constexpr int kMinCtas = kMma && !Exchange::kClusterOnly ? 1 : 0;
 
-template <typename Cell, typename scalar_t, int NB, bool kMma, bool kRegW, template <typename> class Exchange>
+template <typename Cell, typename scalar_t, int NB, bool kMma, int kRegW, template <typename> class Exchange>
 __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t>>))
     seq_forward_persistent_kernel(const ForwardParams<scalar_t> p) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -103,10 +105,10 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   constexpr int kRegChunks = kRegChunksOf<Cell>;
   constexpr bool kCluster = Exchange<scalar_t>::kClusterOnly;
   // W_hh in registers: the FMA dot's chunks, or the MMA dot's A fragments
-  // (one B tile, NB = 1; persistent_dots.cuh's hold_a).
-  constexpr bool kFmaRegs = kRegW && !kMma, kHeldA = kRegW && kMma;
-  static_assert(!kHeldA || (NB == 1 && !kCluster),
-                "the held A fragments are the grid path's, one row a thread");
+  // (one B tile, NB = 1; persistent_dots.cuh's hold_a), all or the first.
+  constexpr bool kFmaRegs = kRegW != 0 && !kMma, kHeldA = kRegW != 0 && kMma,
+                 kHeldPart = kHeldA && kRegW == 2;
+  static_assert(!kHeldA || NB == 1, "the held A fragments are one row a thread group's");
   if (unsupported_here<Exchange<scalar_t>::kClusters, kMma>()) return;
   const Slice s = my_slice(p);
   const int J = p.units, S = p.state, row = p.row, Bp = p.rows_padded;
@@ -215,7 +217,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
     const int next = (t + 1) & 1;
     const bool last = t + 1 == p.steps;
     if constexpr (kHeldA) {  // every warp with a task: the CTA's G J x Bp products
-      mma_dot_held<scalar_t>(h_cur, row, S, p.mtiles, p.mstack, p.ksplit, task, held, tile);
+      mma_dot_held<scalar_t, kHeldPart>(w_s, h_cur, row, S, p.mtiles, p.mstack, p.ksplit, task, held, tile);
       __syncthreads();
       clk.mark(0);
     } else if constexpr (kMma) {
@@ -344,7 +346,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
              dot_name<kMma, kRegW>());
 }
 
-template <typename Cell, typename scalar_t, int NB, bool kMma, bool kRegW, template <typename> class Exchange>
+template <typename Cell, typename scalar_t, int NB, bool kMma, int kRegW, template <typename> class Exchange>
 __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t>>))
     seq_backward_persistent_kernel(const BackwardParams<scalar_t> p) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -357,7 +359,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   // mbarrier each): the MMA dot walks k segment by segment, every warp
   // starting on gate 0, and waits for each block as it reaches it.
   constexpr bool kBlockWaits = kMma && !kCluster;
-  static_assert(!(kMma && kRegW), "the backward's MMA dot reads W_hh from shared memory");
+  static_assert(!(kMma && kRegW != 0), "the backward's MMA dot reads W_hh from shared memory");
   if (unsupported_here<Exchange<scalar_t>::kClusters, kMma>()) return;
   const Slice s = my_slice(p);
   const int J = p.units, S = p.state, row = p.row, Bp = p.rows_padded;

@@ -36,7 +36,7 @@ namespace {
 template <typename Params>
 using Kernel = void (*)(Params);
 
-template <typename Cell, typename scalar_t, bool kBackward, int NB, bool kMma, bool kRegW,
+template <typename Cell, typename scalar_t, bool kBackward, int NB, bool kMma, int kRegW,
           template <typename> class Exchange>
 constexpr auto kernel_instance() {
   if constexpr (kBackward) {
@@ -46,7 +46,7 @@ constexpr auto kernel_instance() {
   }
 }
 
-template <typename Cell, typename scalar_t, bool kBackward, bool kMma, bool kRegW,
+template <typename Cell, typename scalar_t, bool kBackward, bool kMma, int kRegW,
           template <typename> class Exchange>
 auto kernel_for_rows(int per_thread) {
   switch (per_thread) {
@@ -61,7 +61,7 @@ auto kernel_for_rows(int per_thread) {
 
 // The grid path's multicast kernels exist for the MMA dot only (its steps
 // are short enough for the reload to weigh; seq_plan.cpp's grid_multicast).
-template <typename Cell, typename scalar_t, bool kBackward, bool kMma, bool kRegW>
+template <typename Cell, typename scalar_t, bool kBackward, bool kMma, int kRegW>
 auto kernel_for_dot(SeqPath path, int per_thread, bool multicast) {
   if (path == SeqPath::kCluster)
     return kernel_for_rows<Cell, scalar_t, kBackward, kMma, kRegW, ClusterExchange>(per_thread);
@@ -72,23 +72,31 @@ auto kernel_for_dot(SeqPath path, int per_thread, bool multicast) {
   return kernel_for_rows<Cell, scalar_t, kBackward, kMma, kRegW, GridExchange>(per_thread);
 }
 
-// The grid path's forward MMA kernels with A held in registers: one row a
-// thread group, half types (seq_plan.cpp's mma_holds_a).
+// The forward MMA kernels with A held in registers: one row a thread
+// group, half types (seq_plan.cpp's mma_holds_a).
 template <typename scalar_t, bool kBackward>
 constexpr bool kHasHeldA = !kBackward && sizeof(scalar_t) == 2;
 
-// The instantiation for a path, NB batch rows per thread group, the dot
-// and the grid's multicast (double has no MMA kernels; W_hh in registers:
-// the FMA dot's chunks for float, the MMA dot's A fragments where
-// kHasHeldA: seq_plan.h).
+template <typename Cell, typename scalar_t, bool kBackward, int kHeld>
+auto held_kernel(SeqPath path, bool multicast) {
+  if (path == SeqPath::kCluster)
+    return kernel_instance<Cell, scalar_t, kBackward, 1, true, kHeld, ClusterExchange>();
+  return multicast ? kernel_instance<Cell, scalar_t, kBackward, 1, true, kHeld, MulticastExchange>()
+                   : kernel_instance<Cell, scalar_t, kBackward, 1, true, kHeld, GridExchange>();
+}
+
+// The instantiation for a path, NB batch rows per thread group, the dot,
+// W_hh's place (seq_plan.h's w_place: 0 shared memory, 1 registers, 2 the
+// MMA dot's first k steps in registers) and the grid's multicast (double
+// has no MMA kernels; W_hh in registers: the FMA dot's chunks for float,
+// the MMA dot's A fragments where kHasHeldA).
 template <typename Cell, typename scalar_t, bool kBackward>
-auto kernel_for(SeqPath path, int per_thread, bool mma, bool w_regs, bool multicast = false) {
+auto kernel_for(SeqPath path, int per_thread, bool mma, int w_regs, bool multicast = false) {
   if constexpr (kHasHeldA<scalar_t, kBackward>) {
-    if (mma && w_regs) {
-      TORCH_CHECK(path == SeqPath::kGrid && per_thread == 1,
-                  "lltm: internal error: A held in registers is a grid plan of one row a thread");
-      return multicast ? kernel_instance<Cell, scalar_t, kBackward, 1, true, true, MulticastExchange>()
-                       : kernel_instance<Cell, scalar_t, kBackward, 1, true, true, GridExchange>();
+    if (mma && w_regs != 0) {
+      TORCH_CHECK(per_thread == 1, "lltm: internal error: A held in registers is a plan of one row a thread");
+      return w_regs == 2 ? held_kernel<Cell, scalar_t, kBackward, 2>(path, multicast)
+                         : held_kernel<Cell, scalar_t, kBackward, 1>(path, multicast);
     }
   }
   if constexpr (!std::is_same_v<scalar_t, double>) {
@@ -241,9 +249,9 @@ int resident_chunks(Kernel<Params> kernel, SeqPath path, const Split& split, int
 // split that the device holds at once (the MMA dot's kernels only).
 template <typename Cell, typename scalar_t, bool kBackward>
 int grid_multicast_room(const Split& split, int multicast, int device, size_t smem_limit) {
-  return multicast_room(
-      kernel_for<Cell, scalar_t, kBackward>(SeqPath::kGrid, split.per_thread, split.mma, split.w_regs, true),
-      split, multicast, device, smem_limit);
+  return multicast_room(kernel_for<Cell, scalar_t, kBackward>(SeqPath::kGrid, split.per_thread, split.mma,
+                                                              w_place(split), true),
+                        split, multicast, device, smem_limit);
 }
 
 // The planner's view of the device and of this build's code for it.
@@ -292,7 +300,7 @@ const Decision& decide(const Problem& problem, int device) {
   // than without them (30 clusters of 4 of a 132-SM H100's grid kernels).
   const ResidentChunks resident = [&](SeqPath path, const Split& split) {
     const int plain = resident_chunks(
-        kernel_for<Cell, scalar_t, kBackward>(path, split.per_thread, split.mma, split.w_regs), path, split,
+        kernel_for<Cell, scalar_t, kBackward>(path, split.per_thread, split.mma, w_place(split)), path, split,
         device, limits.smem_per_block, limits.sms);
     if (path != SeqPath::kGrid || split.multicast <= 1) return plain;
     const int room =
@@ -371,7 +379,7 @@ bool launch(const Params& base, const at::Tensor& like) {
   if (params.multicast > 1 && int64_t(room_for(params.multicast)) * params.multicast < ctas)
     params.multicast = 1;
   const Kernel<Params> kernel = kernel_for<Cell, scalar_t, kBackward>(plan.path, split.per_thread, split.mma,
-                                                                      split.w_regs, params.multicast > 1);
+                                                                      w_place(split), params.multicast > 1);
   const char* asked = std::getenv("LLTM_SEQ_MULTICAST");
   const int asked_m = asked != nullptr && *asked != '\0' ? std::atoi(asked) : 0;
   // (The setting is the MMA kernels'; the FMA dot's plans, which the tuner

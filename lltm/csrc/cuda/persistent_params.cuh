@@ -181,9 +181,9 @@ struct StepClocks {
 };
 
 // The dot a kernel runs, as the step clocks report it.
-template <bool kMma, bool kRegW>
+template <bool kMma, int kRegW>
 __device__ __forceinline__ const char* dot_name() {
-  return kMma ? (kRegW ? "mma-regs" : "mma") : kRegW ? "fma-regs" : "fma-smem";
+  return kMma ? (kRegW == 2 ? "mma-regs-part" : kRegW ? "mma-regs" : "mma") : kRegW ? "fma-regs" : "fma-smem";
 }
 
 // The byte offset in a CTA's shared memory of the MMA dot's tile of partial

@@ -131,16 +131,24 @@ enum class Dot { kFmaRegs, kFmaSmem, kMma, kMmaSmem };
 int64_t mma_kstep(const Problem& p) { return p.elem == 2 ? 16 : 8; }
 int64_t mma_ksteps(const Problem& p) { return (p.backward ? p.gates : 1) * ceil_div(p.state, mma_kstep(p)); }
 
-// Whether each warp of an MMA split can hold its A fragments in registers
-// (persistent_dots.cuh's hold_a): the grid path's forward in half types,
-// one B tile and one row a thread group (the kernels built for it), at
-// most one task a warp, and a task's tiles x k steps within
-// kMmaRegFragments. The same MMAs in the same order as from shared memory.
-bool mma_holds_a(const Problem& p, SeqPath path, const Split& s) {
-  const int64_t ms = s.mstack >= 2 && s.mstack <= 4 ? s.mstack : 1;  // task_tiles with one B tile
-  const int64_t tasks = s.mtiles / ms * s.ksplit;
-  return !p.backward && p.elem == 2 && path == SeqPath::kGrid && s.rows_padded == 8 && s.per_thread == 1 &&
-         tasks <= s.threads / 32 && ms * ceil_div(mma_ksteps(p), s.ksplit) <= kMmaRegFragments;
+// A task's tiles of A with one B tile (the kernels' task_tiles).
+int64_t task_tiles_of(const Split& s) { return s.mstack >= 2 && s.mstack <= 4 ? s.mstack : 1; }
+
+// Whether each warp of an MMA split holds A fragments in registers
+// (persistent_dots.cuh's hold_a): the forward in half types with one B tile
+// and one row a thread group (the kernels built for it) and at most one
+// task a warp. The same MMAs in the same order as from shared memory.
+bool mma_holds_a(const Problem& p, const Split& s) {
+  const int64_t tasks = s.mtiles / task_tiles_of(s) * s.ksplit;
+  return !p.backward && p.elem == 2 && s.rows_padded == 8 && s.per_thread == 1 && tasks <= s.threads / 32;
+}
+
+// The share of a task's k steps whose A fragments it holds: the first
+// kMmaRegFragments / tiles of them.
+double mma_held_share(const Problem& p, const Split& s) {
+  if (!s.mma || !s.w_regs) return 0.0;
+  const int64_t per_task = ceil_div(mma_ksteps(p), s.ksplit);
+  return std::min(1.0, double(kMmaRegFragments / task_tiles_of(s)) / double(per_task));
 }
 
 // The split with `group` CTAs per chunk, `rows` batch rows per chunk and
@@ -234,7 +242,8 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
   s.per_thread = nb;
   s.ks = ks;
   s.threads = threads;
-  s.w_regs = dot == Dot::kFmaRegs || (dot == Dot::kMma && mma_holds_a(p, path, s));
+  s.w_regs = dot == Dot::kFmaRegs || (dot == Dot::kMma && mma_holds_a(p, s));
+  s.w_part = s.w_regs && mma && mma_held_share(p, s) < 1.0;
   s.row = static_cast<int>(row);
   s.w_rows = static_cast<int>(w_rows);
   s.smem = static_cast<size_t>(smem);
@@ -360,8 +369,8 @@ const Model kModel;
 // chains, the tensor cores (4 per SM) and the shared-memory port (one
 // 128-byte warp load a cycle: A is read once, B once per row of tasks);
 // then the tile's round trip through shared memory (see
-// Model::mma_step_offset). With A held in registers (w_regs) a step loads
-// and reads only B.
+// Model::mma_step_offset). A held in registers (w_regs) is not loaded or
+// read each step: mma_held_share of it.
 double mma_dot_cycles(const Problem& p, const Split& s) {
   const double ksteps = static_cast<double>(mma_ksteps(p));
   const double nt = s.rows_padded / 8.0;
@@ -369,7 +378,7 @@ double mma_dot_cycles(const Problem& p, const Split& s) {
   const double task_rows = s.mtiles / s.mstack;
   const double tasks = std::ceil(task_rows * s.ksplit / warps);  // (tiles, k slice) tasks per warp
   const double per_task = std::ceil(ksteps / s.ksplit);
-  const double a_loads = s.w_regs ? 0.0 : 4.0;
+  const double a_loads = 4.0 * (1.0 - mma_held_share(p, s));
   const double loads = a_loads * s.mstack + 2 * nt;  // per k step of a task
   const double round = p.elem == 4 ? loads : 0;      // cvt.rna.tf32 per word
   const double issue = kModel.issue_factor * (loads + round + s.mstack * nt);
@@ -593,7 +602,9 @@ std::string describe(const Problem& p, const Decision& decision) {
       os << " units=" << s.units << " rows=" << s.rows << " chunks=" << s.chunks << " waves=" << s.waves
          << " nb=" << s.per_thread << " ks=" << s.ks << " threads=" << s.threads << " smem=" << s.smem
          << " dot="
-         << (s.mma      ? (s.w_regs ? "mma w=regs" : "mma")
+         << (s.mma      ? (s.w_part   ? "mma w=regs+smem"
+                           : s.w_regs ? "mma w=regs"
+                                      : "mma")
              : s.w_regs ? "fma w=regs"
                         : "fma w=smem");
       if (s.mma) os << " mtiles=" << s.mtiles << " mstack=" << s.mstack << " ksplit=" << s.ksplit;

@@ -116,15 +116,20 @@ struct Split {
   // (w_rows = 0), or each warp's A fragments of the MMA dot (loaded once from
   // the staged rows; kMmaRegFragments), not read from shared memory each step
   bool w_regs = false;
-  int mtiles = 0;  // 16-row tiles of A
-  int mstack = 1;  // tiles of A one warp's task takes (sharing its B fragments)
-  int ksplit = 0;  // k slices of each task's tiles (partial sums added in order)
-  int w_rows = 0;  // rows of W_h's slice in shared memory (past 3 J: read by the last tile, unused)
+  bool w_part = false;  // MMA: only a task's first k steps held, the rest read from shared memory
+  int mtiles = 0;       // 16-row tiles of A
+  int mstack = 1;       // tiles of A one warp's task takes (sharing its B fragments)
+  int ksplit = 0;       // k slices of each task's tiles (partial sums added in order)
+  int w_rows = 0;       // rows of W_h's slice in shared memory (past 3 J: read by the last tile, unused)
   // Grid with the MMA dot, sm_90: CTAs of a cluster that share each step's
   // reload from L2 by one multicast copy (1: each CTA copies its own; a
   // divisor of group).
   int multicast = 1;
 };
+
+// Where a split keeps W_h (the kernels' kRegW): 0 shared memory, 1
+// registers, 2 the MMA dot's first k steps of each task in registers.
+inline int w_place(const Split& s) { return !s.w_regs ? 0 : s.mma && s.w_part ? 2 : 1; }
 
 // The most tiles of A one MMA task takes with `ntiles` tiles of B (the
 // task's accumulators are 4 mstack ntiles floats a lane).
