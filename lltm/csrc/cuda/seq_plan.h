@@ -34,7 +34,8 @@
 // mode allows it (precision.h: torch's TF32 switch, or
 // lltm.set_fp32_precision "tf32"; "accurate" keeps them strict); accumulation is
 // float in every case; in the forward of a small chunk in half types each
-// warp holds its A fragments in registers where they fit (kMmaRegFragments).
+// warp holds its A fragments in registers (all, or the first k steps:
+// kMmaRegFragments).
 // (Strict float32 as 3xTF32 was measured and left out:
 // slower than the FMA chain at every size tried, and 8x plain fp32's error
 // at T = 1000: docs/benchmarks.md.)
@@ -76,9 +77,10 @@ constexpr int reg_chunks(int gates) { return 24 / gates; }
 
 // A fragments (4 words a lane each) of W_h's slice one warp of the MMA dot
 // holds in registers for the whole loop (Split::w_regs with the MMA dot: a
-// forward chunk of at most 8 batch rows in half types, each warp's task's
-// tiles x k steps at most this many): 72 registers, FlashRNN's point's
-// share (3 tiles x 6 k steps at S = 768, groups of 64 CTAs).
+// forward chunk of at most 8 batch rows in half types, one task a warp;
+// its first kMmaRegFragments / tiles k steps where it has more, w_part):
+// 72 registers, all of FlashRNN's point's share (3 tiles x 6 k steps at
+// S = 768, groups of 64 CTAs).
 constexpr int kMmaRegFragments = 18;
 
 // Bytes at the start of a persistent kernel's dynamic shared memory that
