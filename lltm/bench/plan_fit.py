@@ -111,9 +111,8 @@ def _held_share(p: Problem, s: dict) -> float:
     """seq_plan.cpp's mma_held_share: the share of a task's k steps whose A fragments it holds."""
     if not (s["mma"] and s["wregs"]):
         return 0.0
-    tiles = s["mstack"] if 2 <= s["mstack"] <= 4 else 1
     per_task = math.ceil(_mma_ksteps(p) / s["ksplit"])
-    return min(1.0, (MMA_REG_FRAGMENTS // tiles) / per_task)
+    return min(1.0, (MMA_REG_FRAGMENTS // s["mstack"]) / per_task)
 
 
 def _mma_dot_cycles(p: Problem, s: dict, k: dict) -> float:

@@ -131,15 +131,14 @@ enum class Dot { kFmaRegs, kFmaSmem, kMma, kMmaSmem };
 int64_t mma_kstep(const Problem& p) { return p.elem == 2 ? 16 : 8; }
 int64_t mma_ksteps(const Problem& p) { return (p.backward ? p.gates : 1) * ceil_div(p.state, mma_kstep(p)); }
 
-// A task's tiles of A with one B tile (the kernels' task_tiles).
-int64_t task_tiles_of(const Split& s) { return s.mstack >= 2 && s.mstack <= 4 ? s.mstack : 1; }
-
 // Whether each warp of an MMA split holds A fragments in registers
 // (persistent_dots.cuh's hold_a): the forward in half types with one B tile
 // and one row a thread group (the kernels built for it) and at most one
-// task a warp. The same MMAs in the same order as from shared memory.
+// task a warp (of mstack tiles: the kernels' task_tiles, as split_for never
+// plans more than mma_stack_max). The same MMAs in the same order as from
+// shared memory.
 bool mma_holds_a(const Problem& p, const Split& s) {
-  const int64_t tasks = s.mtiles / task_tiles_of(s) * s.ksplit;
+  const int64_t tasks = s.mtiles / s.mstack * s.ksplit;
   return !p.backward && p.elem == 2 && s.rows_padded == 8 && s.per_thread == 1 && tasks <= s.threads / 32;
 }
 
@@ -148,7 +147,7 @@ bool mma_holds_a(const Problem& p, const Split& s) {
 double mma_held_share(const Problem& p, const Split& s) {
   if (!s.mma || !s.w_regs) return 0.0;
   const int64_t per_task = ceil_div(mma_ksteps(p), s.ksplit);
-  return std::min(1.0, double(kMmaRegFragments / task_tiles_of(s)) / double(per_task));
+  return std::min(1.0, double(kMmaRegFragments / s.mstack) / double(per_task));
 }
 
 // The split with `group` CTAs per chunk, `rows` batch rows per chunk and
@@ -505,15 +504,17 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
   if (allowed.fma_smem) dots.push_back(Dot::kFmaSmem);
   if ((allowed.mma || allowed.mma_smem) && p.mma_dot() && d.mma_kernels)
     dots.push_back(allowed.mma ? Dot::kMma : Dot::kMmaSmem);
-  // Why a persistent path has no split when no dot is left (LLTM_SEQ_DOT=mma
-  // or fma-regs).
-  const char* no_dot = allowed.fma_regs ? "LLTM_SEQ_DOT=fma-regs: W_h in registers for float32 only"
-                       : p.is_double    ? "LLTM_SEQ_DOT=mma: no tensor-core dot for float64"
-                       : !p.mma_dot()
-                           ? "LLTM_SEQ_DOT=mma: float32 runs on tensor cores only with TF32 allowed "
-                             "(torch.backends.cuda.matmul.allow_tf32 = True, or lltm.set_fp32_precision "
-                             "'tf32'; 'accurate' keeps the recurrent products strict)"
-                           : "LLTM_SEQ_DOT=mma: no tensor-core MMA kernels for this device or build (sm_80+)";
+  // Why a persistent path has no split when no dot is left (LLTM_SEQ_DOT=mma,
+  // mma-smem or fma-regs), naming the setting as given.
+  const std::string mma_setting = std::string("LLTM_SEQ_DOT=") + (allowed.mma_smem ? "mma-smem" : "mma");
+  const std::string no_dot =
+      allowed.fma_regs ? "LLTM_SEQ_DOT=fma-regs: W_h in registers for float32 only"
+      : p.is_double    ? mma_setting + ": no tensor-core dot for float64"
+      : !p.mma_dot()   ? mma_setting +
+                           ": float32 runs on tensor cores only with TF32 allowed "
+                           "(torch.backends.cuda.matmul.allow_tf32 = True, or lltm.set_fp32_precision "
+                           "'tf32'; 'accurate' keeps the recurrent products strict)"
+                     : mma_setting + ": no tensor-core MMA kernels for this device or build (sm_80+)";
   auto add_persistent = [&](SeqPath path, int group) {
     Plan best;
     best.path = path;
