@@ -540,12 +540,17 @@ __device__ __forceinline__ void mma_dot_held_ms(const MmaOperands& o, int ksteps
   for (int m = 0; m < MS; ++m) store_tile<1>(tile, first.at.slice, mtiles, first.at.m0 + m, acc[0][m]);
 }
 
+// Whether this warp has a task of the held dot: the warps past the plan's
+// tasks hold nothing and skip the dot (known once per launch).
+__device__ __forceinline__ bool holds_task(int mtiles, int mstack, int ksplit) {
+  return (threadIdx.x >> 5) < held_tasks(mtiles, mstack, ksplit);
+}
+
 // Loads this warp's A fragments of W_hh's slice `a` (rows `row` elements
-// apart, k = state) once per launch; warps past the plan's tasks hold none.
+// apart, k = state) once per launch; only warps that hold a task call it.
 template <typename scalar_t>
-__device__ __forceinline__ void hold_a(const scalar_t* a, int row, int state, int mtiles, int mstack,
-                                       int ksplit, const WarpTask& first, HeldA& held) {
-  if ((threadIdx.x >> 5) >= held_tasks(mtiles, mstack, ksplit)) return;
+__device__ __forceinline__ void hold_a(const scalar_t* a, int row, int state, int mstack,
+                                       const WarpTask& first, HeldA& held) {
   const int ksteps = mma_ksteps<scalar_t>(state);
   const MmaOperands o = mma_operands(a, a, 0, row, 0, row);
   switch (task_tiles(mstack, 1)) {  // once per launch: a jump table costs nothing here
@@ -562,12 +567,12 @@ __device__ __forceinline__ void hold_a(const scalar_t* a, int row, int state, in
 
 // One step's products of the held fragments and of W_hh's slice `a` past
 // them against B = the exchanged rows `b` (both `row` elements a row),
-// into `tile` as mma_dot writes it. (Branches, not a switch: see mma_dot.)
+// into `tile` as mma_dot writes it; only warps that hold a task call it.
+// (Branches, not a switch: see mma_dot.)
 template <typename scalar_t, bool kPart>
 __device__ __forceinline__ void mma_dot_held(const scalar_t* a, const scalar_t* b, int row, int state,
-                                             int mtiles, int mstack, int ksplit, const WarpTask& first,
-                                             const HeldA& held, float* tile) {
-  if ((threadIdx.x >> 5) >= held_tasks(mtiles, mstack, ksplit)) return;
+                                             int mtiles, int mstack, const WarpTask& first, const HeldA& held,
+                                             float* tile) {
   const int ksteps = mma_ksteps<scalar_t>(state);
   const MmaOperands o = mma_operands(a, b, 0, row, 0, row);
   const int ms = task_tiles(mstack, 1);

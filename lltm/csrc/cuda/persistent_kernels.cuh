@@ -207,7 +207,11 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   if constexpr (kMma) task = warp_task<scalar_t>(1, S, p.mtiles, p.mstack, Bp / 8, p.ksplit);
   ex.start();  // (its barrier also ends the staging of w_s)
   [[maybe_unused]] HeldA held;
-  if constexpr (kHeldA) hold_a<scalar_t>(w_s, row, S, p.mtiles, p.mstack, p.ksplit, task, held);
+  [[maybe_unused]] bool holds = false;
+  if constexpr (kHeldA) {
+    holds = holds_task(p.mtiles, p.mstack, p.ksplit);
+    if (holds) hold_a<scalar_t>(w_s, row, S, p.mstack, task, held);
+  }
   StepClocks clk;
   clk.start();
 
@@ -216,12 +220,13 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
     const scalar_t* h_cur = ex.view(t & 1);
     const int next = (t + 1) & 1;
     const bool last = t + 1 == p.steps;
-    if constexpr (kHeldA) {  // every warp with a task: the CTA's G J x Bp products
-      mma_dot_held<scalar_t, kHeldPart>(w_s, h_cur, row, S, p.mtiles, p.mstack, p.ksplit, task, held, tile);
-      __syncthreads();
-      clk.mark(0);
-    } else if constexpr (kMma) {
-      mma_dot<scalar_t>(w_s, h_cur, 1, 0, row, 0, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, task, tile);
+    if constexpr (kMma) {  // every warp with a task: the CTA's G J x Bp products
+      if constexpr (kHeldA) {
+        if (holds)
+          mma_dot_held<scalar_t, kHeldPart>(w_s, h_cur, row, S, p.mtiles, p.mstack, task, held, tile);
+      } else {
+        mma_dot<scalar_t>(w_s, h_cur, 1, 0, row, 0, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, task, tile);
+      }
       __syncthreads();
       clk.mark(0);
     }
@@ -254,7 +259,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
           }
         }
       };
-      if constexpr (kRegW) {
+      if constexpr (kFmaRegs) {
 #pragma unroll
         for (int m = 0; m < kRegChunks; ++m) {
           const int k = grp.ks + m * grp.KS;
