@@ -434,6 +434,9 @@ def test_bad_settings_are_clear_errors(monkeypatch):
     monkeypatch.setenv("LLTM_SEQ_PATH", "grid")
     with pytest.raises(RuntimeError, match="no tensor-core dot for float64"):
         functional.lltm(*[a.double() for a in args], backend="fused")
+    monkeypatch.setenv("LLTM_SEQ_DOT", "mma-smem")  # the setting named as given
+    with pytest.raises(RuntimeError, match="LLTM_SEQ_DOT=mma-smem: no tensor-core dot for float64"):
+        functional.lltm(*[a.double() for a in args], backend="fused")
     monkeypatch.setenv("LLTM_SEQ_DOT", "fma-regs")
     for dtype in (torch.bfloat16, torch.float64):
         with pytest.raises(RuntimeError, match="fma-regs: W_h in registers for float32 only"):
