@@ -452,7 +452,7 @@ __device__ __forceinline__ void mma_dot(const scalar_t* a, const scalar_t* b, in
 // for bit.
 using HeldA = uint32_t[kMmaRegFragments][4];
 
-// Tasks of the held dot's plan (one B tile): its tiles a task and their count.
+// The number of tasks of the held dot's plan (one B tile).
 __device__ __forceinline__ int held_tasks(int mtiles, int mstack, int ksplit) {
   return mtiles / task_tiles(mstack, 1) * ksplit;
 }
