@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import warnings
 
 import pytest
@@ -144,6 +145,48 @@ def test_mma_paths_half_precision_match_fma(monkeypatch, use_path, path, shape, 
         errors[dot] = [_rel_err(g, r) for g, r in zip(got, ref)]
     for name, mma, fma in zip(("output", "h_n", "c_n") + NAMES, errors["mma"], errors["fma"]):
         assert mma <= 2 * fma + 1e-3, f"{name}: MMA error {mma:.2e} > 2 x the FMA dot's {fma:.2e}"
+
+
+# (path, S, CTAs a chunk, B, W_hh's place): the LLTM's forward plans (3 gates) whose warps hold
+# W_hh's A fragments, every k step ("regs") or the first ones ("regs+smem"); tests/test_cells.py's
+# test_forward_holds_w_in_registers has the LSTM's and the GRU's.
+LLTM_HELD_A = [
+    ("grid", 200, 8, 5, "regs"),  # one tile, 13 k steps: four accumulator sets and a tail
+    ("grid", 160, 4, 5, "regs"),  # four-tile tasks over four k slices
+    ("grid", 400, 16, 5, "regs+smem"),  # one tile, 18 of 25 k steps held
+    ("grid", 400, 13, 5, "regs+smem"),  # three tiles, slices of 6 and 7 k steps, 6 held
+    ("grid", 512, 16, 40, "regs+smem"),  # five rows of different lengths in the B tile
+    ("cluster", 128, 4, 5, "regs"),
+    ("cluster", 512, 16, 5, "regs+smem"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("path,S,group,B,held", LLTM_HELD_A, ids=str)
+def test_lltm_forward_holds_w_in_registers(monkeypatch, use_path, path, S, group, B, held, dtype):
+    """The LLTM's persistent MMA forward with W_hh's A fragments held in registers (all or the first
+    k steps) against the same plan reading them from shared memory every step (LLTM_SEQ_DOT=mma-smem):
+    the same MMAs in the same order, so outputs, final states and every gradient equal bit for bit."""
+    use_path(f"{path}-mma")
+    monkeypatch.setenv("LLTM_SEQ_CLUSTER" if path == "cluster" else "LLTM_SEQ_GROUP", str(group))
+    T, I = 9, 7
+    args = make_seq(T, B, I, S, device="cuda", dtype=dtype, seed=S + B)
+    lengths = torch.randint(0, T + 1, (B,), generator=torch.Generator().manual_seed(S)).cuda()
+    lengths[:2] = torch.tensor([T, 0])
+    results = {}
+    for dot, want in (("mma", held), ("mma-smem", None)):
+        monkeypatch.setenv("LLTM_SEQ_DOT", dot)
+        forward = _plan(False, T, B, S, dtype).splitlines()
+        chosen = next(line for line in forward if line.strip().startswith(f"{path} group="))
+        rows = int(re.search(r" rows=(\d+)", chosen).group(1))
+        if rows > 8:
+            pytest.skip(f"chunks of {rows} rows on this GPU's SM count: no held plan (one B tile of 8 rows)")
+        w = re.search(r" dot=mma(?: w=(\S+))? ", chosen)  # no w= token: A from shared memory
+        assert w is not None and w.group(1) == want, chosen
+        results[dot] = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args, lengths)
+    for name, a, b in zip(("output", "h_n", "c_n") + NAMES, results["mma"], results["mma-smem"]):
+        assert torch.isfinite(a).all(), f"{name}: unwritten or non-finite elements"
+        assert torch.equal(a, b), f"{name}: held fragments differ from shared memory's"
 
 
 @pytest.mark.parametrize("cluster", ["1", "2", "3", "16"])
