@@ -10,6 +10,7 @@ rule), since a fixed tolerance there would only measure the dtype.
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Optional, Sequence
 
 import pytest
@@ -123,3 +124,18 @@ def assert_matches(
         else:
             limit = TOLERANCE[dtype] if tol is None else tol
             assert err <= limit, f"{name}: relative error {err:.2e} > {limit}"
+
+
+def held_place(plan: str, path: str) -> tuple[int, Optional[str], str]:
+    """(batch rows a chunk, W_hh's place, the line) of the forced `path`'s line of a forward plan
+    report (torch.ops.lltm._fused_cuda_seq_plan) with the MMA dot: the place is the plan's w= token
+    ("regs": every k step's A fragments held in registers, "regs+smem": the first ones), None where
+    A is read from shared memory. Skips the test where this GPU's chunks have more than 8 rows (one
+    B tile), which no held plan takes."""
+    line = next(line for line in plan.splitlines() if line.strip().startswith(f"{path} group="))
+    rows = int(re.search(r" rows=(\d+)", line).group(1))
+    if rows > 8:
+        pytest.skip(f"chunks of {rows} rows on this GPU's SM count: no held plan (one B tile of 8 rows)")
+    w = re.search(r" dot=mma(?: w=(\S+))? ", line)
+    assert w is not None, line
+    return rows, w.group(1), line

@@ -7,7 +7,6 @@ skip, so the report shows what did not run."""
 from __future__ import annotations
 
 import io
-import re
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ import lltm
 from lltm import cells, functional
 from lltm.reference import rnn_reference
 
-from ._helpers import DEVICES, LOW_PRECISION, rel_err
+from ._helpers import DEVICES, LOW_PRECISION, held_place, rel_err
 
 SEAM = [cells.LSTM, cells.GRU]
 TORCH_LAYER = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}
@@ -558,14 +557,10 @@ def test_forward_holds_w_in_registers(monkeypatch, cell, path, S, group, B, lstm
     results = {}
     for dot in ("mma", "mma-smem"):
         monkeypatch.setenv("LLTM_SEQ_DOT", dot)
-        forward = torch.ops.lltm._fused_cuda_seq_plan(False, T, B, S, dtype, 0, cell.name).splitlines()
-        chosen = next(line for line in forward if line.strip().startswith(f"{path} group="))
-        rows = int(re.search(r" rows=(\d+)", chosen).group(1))
-        if rows > 8:
-            pytest.skip(f"chunks of {rows} rows on this GPU's SM count: no held plan (one B tile of 8 rows)")
-        assert rows > 1 or B < 8, chosen
-        w = re.search(r" dot=mma(?: w=(\S+))? ", chosen)  # no w= token: A from shared memory
-        assert w is not None and w.group(1) == (want_w if dot == "mma" else None), chosen
+        plan = torch.ops.lltm._fused_cuda_seq_plan(False, T, B, S, dtype, 0, cell.name)
+        rows, place, line = held_place(plan, path)
+        assert rows > 1 or B < 8, line
+        assert place == (want_w if dot == "mma" else None), line
         results[dot] = outputs_and_grads(run(cell, "fused"), low, lengths)
     exact = outputs_and_grads(reference(cell), _cpu(args), lengths.cpu())
     plain = outputs_and_grads(reference(cell), low, lengths)

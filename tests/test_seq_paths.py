@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import warnings
 
 import pytest
@@ -20,6 +19,7 @@ import lltm
 from lltm import functional
 from lltm.reference import lltm_reference
 
+from ._helpers import held_place
 from .test_seq import NAMES, _check, _outputs_and_grads, _rel_err, check_graph_capture_and_replay, make_seq
 
 # "cluster" and "grid" run their FMA dot (every dtype), with W_h in
@@ -176,13 +176,8 @@ def test_lltm_forward_holds_w_in_registers(monkeypatch, use_path, path, S, group
     results = {}
     for dot, want in (("mma", held), ("mma-smem", None)):
         monkeypatch.setenv("LLTM_SEQ_DOT", dot)
-        forward = _plan(False, T, B, S, dtype).splitlines()
-        chosen = next(line for line in forward if line.strip().startswith(f"{path} group="))
-        rows = int(re.search(r" rows=(\d+)", chosen).group(1))
-        if rows > 8:
-            pytest.skip(f"chunks of {rows} rows on this GPU's SM count: no held plan (one B tile of 8 rows)")
-        w = re.search(r" dot=mma(?: w=(\S+))? ", chosen)  # no w= token: A from shared memory
-        assert w is not None and w.group(1) == want, chosen
+        _, place, line = held_place(_plan(False, T, B, S, dtype), path)
+        assert place == want, line
         results[dot] = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args, lengths)
     for name, a, b in zip(("output", "h_n", "c_n") + NAMES, results["mma"], results["mma-smem"]):
         assert torch.isfinite(a).all(), f"{name}: unwritten or non-finite elements"
