@@ -91,19 +91,19 @@ auto held_kernel(SeqPath path, bool multicast) {
 // has no MMA kernels; W_hh in registers: the FMA dot's chunks for float,
 // the MMA dot's A fragments where kHasHeldA).
 template <typename Cell, typename scalar_t, bool kBackward>
-auto kernel_for(SeqPath path, int per_thread, bool mma, int w_regs, bool multicast = false) {
+auto kernel_for(SeqPath path, int per_thread, bool mma, int place, bool multicast = false) {
   if constexpr (kHasHeldA<scalar_t, kBackward>) {
-    if (mma && w_regs != 0) {
+    if (mma && place != 0) {
       TORCH_CHECK(per_thread == 1, "lltm: internal error: A held in registers is a plan of one row a thread");
-      return w_regs == 2 ? held_kernel<Cell, scalar_t, kBackward, 2>(path, multicast)
-                         : held_kernel<Cell, scalar_t, kBackward, 1>(path, multicast);
+      return place == 2 ? held_kernel<Cell, scalar_t, kBackward, 2>(path, multicast)
+                        : held_kernel<Cell, scalar_t, kBackward, 1>(path, multicast);
     }
   }
   if constexpr (!std::is_same_v<scalar_t, double>) {
     if (mma) return kernel_for_dot<Cell, scalar_t, kBackward, true, false>(path, per_thread, multicast);
   }
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (w_regs) return kernel_for_dot<Cell, scalar_t, kBackward, false, true>(path, per_thread, false);
+    if (place != 0) return kernel_for_dot<Cell, scalar_t, kBackward, false, true>(path, per_thread, false);
   }
   return kernel_for_dot<Cell, scalar_t, kBackward, false, false>(path, per_thread, false);
 }
@@ -341,6 +341,11 @@ bool launch(const Params& base, const at::Tensor& like) {
       measured != nullptr ? *measured : decide<Cell, scalar_t, kBackward>(problem, device).chosen;
   if (plan.path == SeqPath::kLoop) return false;
   const Split& split = plan.split;
+  TORCH_CHECK(held_split_fits(split, kBackward, base.state, int(sizeof(scalar_t))),
+              "lltm: internal error: a plan holds A fragments the held kernels cannot run (",
+              path_name(plan.path), " group ", split.group, ", rows ", split.rows_padded, ", ", split.mtiles,
+              " tiles in tasks of ", split.mstack, ", k in ", split.ksplit, " slices, ", split.threads,
+              " threads); LLTM_SEQ_DOT=mma-smem runs the same products from shared memory");
   Params params = base;
   params.group = split.group;
   params.units = split.units;

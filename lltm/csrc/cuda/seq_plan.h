@@ -131,7 +131,16 @@ struct Split {
 
 // Where a split keeps W_h (the kernels' kRegW): 0 shared memory, 1
 // registers, 2 the MMA dot's first k steps of each task in registers.
-inline int w_place(const Split& s) { return !s.w_regs ? 0 : s.mma && s.w_part ? 2 : 1; }
+inline int w_place(const Split& s) { return !s.w_regs ? 0 : s.w_part ? 2 : 1; }
+
+// Whether a split that holds the MMA dot's A fragments (w_place 1 or 2 with
+// the MMA dot) is one the held kernels can run (persistent_dots.cuh's
+// hold_a / mma_dot_held): one B tile, one row a thread group, at most one
+// task a warp and, where all of it is held, no task with more k steps than
+// its fragments (the all-held kernel never reads A from shared memory, so
+// any step past them would be left out). The planner makes no other; the
+// launch checks it (against a plan from elsewhere: a trial, a cache).
+bool held_split_fits(const Split& s, bool backward, int64_t state, int elem);
 
 // The most tiles of A one MMA task takes with `ntiles` tiles of B (the
 // task's accumulators are 4 mstack ntiles floats a lane).
