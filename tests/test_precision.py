@@ -134,3 +134,39 @@ def test_a_change_of_mode_never_replays_a_stale_graph_or_plan(monkeypatch, path)
     tf32_gap = (outputs["tf32"][0] - strict).abs().max().item()
     assert tf32_gap > 0
     assert (outputs["accurate"][0] - strict).abs().max().item() < tf32_gap / 10
+
+
+@cuda
+@pytest.mark.parametrize("asked", ["all", "weight_hh", "weight_ih", "input"])
+def test_accurate_gradients_asked_alone(asked):
+    """lltm.LSTM (fused) in the accurate mode against nn.LSTM in float64, each of the input's and the
+    weights' gradients asked alone and all at once: the 3xTF32 GEMMs over T*B rows read row blocks of
+    one split of dz where several are asked, their own splits where one is. Errors stay fp32's, where
+    plain TF32's are ~1e-3 (checked too, so the bound tells the modes apart)."""
+    if not lltm.backends("cuda").get("fused"):
+        pytest.skip("fused not built for CUDA")
+    torch.manual_seed(0)
+    layer = lltm.LSTM(16, 64, backend="fused").cuda()
+    ref = torch.nn.LSTM(16, 64).double()
+    ref.load_state_dict({k: v.double().cpu() for k, v in layer.state_dict().items()})
+    x = torch.randn(50, 8, 16, device="cuda")
+    g = torch.randn(50, 8, 64, device="cuda")
+
+    def grads(module, xx, gg):
+        params = dict(module.named_parameters())
+        names = [n for n in ("weight_ih_l0", "weight_hh_l0") if asked in ("all", n[: -len("_l0")])]
+        for name, p in params.items():
+            p.requires_grad_(name in names)
+        xx = xx.detach().requires_grad_(asked in ("all", "input"))
+        wants = ([xx] if xx.requires_grad else []) + [params[n] for n in names]
+        out, _ = module(xx)
+        return torch.autograd.grad(out, wants, gg)
+
+    want = grads(ref, x.double().cpu(), g.double().cpu())
+    errors = {}
+    for mode in ("accurate", "tf32"):
+        with lltm.fp32_precision(mode):
+            got = grads(layer, x, g)
+        errors[mode] = [((a.double().cpu() - b).norm() / b.norm()).item() for a, b in zip(got, want)]
+    assert max(errors["accurate"]) < 2e-5, errors
+    assert max(errors["tf32"]) > 1e-4, errors

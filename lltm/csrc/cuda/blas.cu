@@ -8,11 +8,11 @@
 #include <c10/util/Exception.h>
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <map>
 #include <mutex>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "blas.h"
@@ -74,18 +74,30 @@ __device__ __forceinline__ float round_tf32(float x) {
   return __uint_as_float((bits + 0x1000u) & 0xffffe000u);
 }
 
-// big = tf32(src), small = tf32(src - big) for a (rows, cols) row-major
-// matrix with leading dimension ld; big and small are contiguous (ld = cols).
-__global__ void split_tf32_kernel(const float* __restrict__ src, int64_t rows, int64_t cols, int64_t ld,
-                                  float* __restrict__ big, float* __restrict__ small) {
-  const int64_t total = rows * cols;
+// The operands of one run_gemms_split_tf32: job j is a (rows, cols)
+// row-major block of float32 at src, ld apart, split into big = tf32(x)
+// (rows, cols) at dst and small = tf32(x - big) right after it; start is the
+// prefix sum of the jobs' rows * cols. All of them in one launch.
+constexpr int kMaxSplitJobs = 8;  // two operands of at most four GEMMs
+struct SplitJobs {
+  const float* src[kMaxSplitJobs];
+  float* dst[kMaxSplitJobs];
+  int64_t rows[kMaxSplitJobs], cols[kMaxSplitJobs], ld[kMaxSplitJobs];
+  int64_t start[kMaxSplitJobs + 1];
+  int count;
+};
+
+__global__ void split_tf32_kernel(const SplitJobs jobs) {
+  const int64_t total = jobs.start[jobs.count];
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / cols, c = i - r * cols;
-    const float x = src[r * ld + c];
+    int j = 0;
+    while (i >= jobs.start[j + 1]) ++j;
+    const int64_t e = i - jobs.start[j], r = e / jobs.cols[j], c = e - r * jobs.cols[j];
+    const float x = jobs.src[j][r * jobs.ld[j] + c];
     const float b = round_tf32(x);
-    big[i] = b;
-    small[i] = round_tf32(x - b);
+    jobs.dst[j][e] = b;
+    jobs.dst[j][jobs.rows[j] * jobs.cols[j] + e] = round_tf32(x - b);
   }
 }
 
@@ -220,23 +232,59 @@ void transpose(c10::ScalarType dtype, int64_t rows, int64_t cols, const void* a,
 }
 
 void run_gemms_split_tf32(const Gemm* gemms, int count) {
-  // (data, rows, cols, ld) -> the (2, rows, cols) split: big, then small
-  std::map<std::tuple<const void*, int64_t, int64_t, int64_t>, at::Tensor> splits;
-  const auto options = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, c10::cuda::current_device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  auto split = [&](const void* data, int64_t rows, int64_t cols, int64_t ld) -> const float* {
-    at::Tensor& out = splits[{data, rows, cols, ld}];
-    if (!out.defined()) {
-      out = at::empty({2, rows, cols}, options);
-      float* big = out.mutable_data_ptr<float>();
-      const int64_t total = rows * cols;
-      const int threads = 256;
-      const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, int64_t(1) << 16);
-      split_tf32_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-          static_cast<const float*>(data), rows, cols, ld, big, big + total);
+  // The operands' splits: a block that lies within one split already (the
+  // same columns and ld, whole rows: the backward's W_hh GEMMs read row
+  // blocks of the dz the others read whole) is read from it; the rest are
+  // split in one launch into one allocation.
+  SplitJobs jobs{};
+  struct Split {
+    int job;
+    int64_t row0;  // the block's first row in the job's
+  };
+  auto find_or_add = [&](const void* data, int64_t rows, int64_t cols, int64_t ld) -> Split {
+    const float* p = static_cast<const float*>(data);
+    for (int j = 0; j < jobs.count; ++j) {
+      if (jobs.cols[j] != cols || jobs.ld[j] != ld || p < jobs.src[j]) continue;
+      const int64_t offset = p - jobs.src[j];
+      if (offset % ld == 0 && offset / ld + rows <= jobs.rows[j]) return {j, offset / ld};
+    }
+    TORCH_CHECK(jobs.count < kMaxSplitJobs, "lltm::fused (CUDA): internal error: more than ", kMaxSplitJobs,
+                " operands for the 3xTF32 GEMMs");
+    const int j = jobs.count++;
+    jobs.src[j] = p;
+    jobs.rows[j] = rows;
+    jobs.cols[j] = cols;
+    jobs.ld[j] = ld;
+    jobs.start[j + 1] = jobs.start[j] + rows * cols;
+    return {j, 0};
+  };
+  std::vector<std::pair<Split, Split>> operands(count);
+  for (int i = 0; i < count; ++i) {
+    const Gemm& g = gemms[i];
+    if (g.m == 0 || g.n == 0 || g.k == 0) continue;
+    // A is stored (k x m) when transposed, else (m x k); B (n x k), else (k x n).
+    operands[i] = {find_or_add(g.a, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda),
+                   find_or_add(g.b, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb)};
+  }
+  at::Tensor buffer;
+  if (jobs.count > 0) {
+    const int64_t total = jobs.start[jobs.count];
+    buffer = at::empty({2 * total},
+                       at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, c10::cuda::current_device()));
+    float* base = buffer.mutable_data_ptr<float>();
+    for (int j = 0; j < jobs.count; ++j) jobs.dst[j] = base + 2 * jobs.start[j];
+    const int threads = 256;
+    const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, int64_t(1) << 16);
+    if (total > 0) {
+      split_tf32_kernel<<<static_cast<unsigned>(blocks), threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+          jobs);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    return out.const_data_ptr<float>();
+  }
+  // A split block's big part, its small part, and its ld (the job's columns).
+  auto big = [&](const Split& s) { return jobs.dst[s.job] + s.row0 * jobs.cols[s.job]; };
+  auto small = [&](const Split& s) {
+    return jobs.dst[s.job] + jobs.rows[s.job] * jobs.cols[s.job] + s.row0 * jobs.cols[s.job];
   };
   std::vector<Gemm> parts;
   parts.reserve(3 * count);
@@ -246,23 +294,18 @@ void run_gemms_split_tf32(const Gemm* gemms, int count) {
       parts.push_back(g);  // run_gemms skips it
       continue;
     }
-    // A is stored (k x m) when transposed, else (m x k); B (n x k), else (k x n).
-    const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
-    const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
-    const float* a = split(g.a, a_rows, a_cols, g.lda);
-    const float* b = split(g.b, b_rows, b_cols, g.ldb);
-    const float *a_small = a + a_rows * a_cols, *b_small = b + b_rows * b_cols;
+    const auto& [a, b] = operands[i];
     Gemm part = g;
-    part.lda = a_cols;
-    part.ldb = b_cols;
-    part.a = a;  // A_big B_small (+ C)
-    part.b = b_small;
+    part.lda = jobs.cols[a.job];
+    part.ldb = jobs.cols[b.job];
+    part.a = big(a);  // A_big B_small (+ C)
+    part.b = small(b);
     parts.push_back(part);
     part.accumulate = true;
-    part.a = a_small;  // + A_small B_big
-    part.b = b;
+    part.a = small(a);  // + A_small B_big
+    part.b = big(b);
     parts.push_back(part);
-    part.a = a;  // + A_big B_big
+    part.a = big(a);  // + A_big B_big
     parts.push_back(part);
   }
   run_gemms(c10::ScalarType::Float, parts.data(), static_cast<int>(parts.size()), true);

@@ -55,8 +55,9 @@ void transpose(c10::ScalarType dtype, int64_t rows, int64_t cols, const void* a,
 // C = A_big B_small + A_small B_big + A_big B_big (+ C) as three TF32 GEMMs
 // with float32 sums, small products first: tensor cores at about float32's
 // accuracy (the dropped A_small B_small is ~2^-22 of a product). The split
-// operands are allocated here (an operand used by several of the GEMMs is
-// split once): not for the launches of a graph lltm captures itself.
+// operands are allocated here, in one allocation by one launch (an operand
+// used by several of the GEMMs, or a row block of one, is split once): not
+// for the launches of a graph lltm captures itself.
 void run_gemms_split_tf32(const Gemm* gemms, int count);
 
 // While one is alive on this thread, run_gemms uses a cuBLAS handle of
