@@ -480,7 +480,7 @@ def test_step_phases_reads_the_kernels_phase_lines():
     stdout capture sees what is written on file descriptor 1."""
     import os
 
-    from lltm.bench.step_phases import _capture_stdout, parse
+    from lltm.bench.step_phases import _capture_stdout, parse, parse_trace
 
     text = (
         "noise\n"
@@ -504,6 +504,14 @@ def test_step_phases_reads_the_kernels_phase_lines():
     # the SM clock the loop ran at, where the line has it (builds before it: none)
     assert rows[0]["ghz"] is None and rows[1]["ghz"] == pytest.approx(1.755)
     assert parse("nothing here\n") == []
+    # the forward's exchange trace: one line per batch chunk
+    traces = parse_trace(
+        text + "lltm step trace: forward grid group=64 ctas 64-127 steps=64: arrivals 197 ns apart (first to "
+        "last), the last arrival to the first wait's end 1216 ns and to the last's 1412 ns; step 2442 ns\n"
+    )
+    assert [(t["what"], t["group"], t["ctas"]) for t in traces] == [("forward grid", 64, "64-127")]
+    assert traces[0]["text"].startswith("steps=64: arrivals 197 ns apart")
+    assert parse_trace(text) == []
     got = _capture_stdout(lambda: os.write(1, b"from fd 1\n"), sync=False)
     assert got == "from fd 1\n"
 

@@ -1,7 +1,11 @@
 """Where a step of the persistent sequence kernels goes: the mean cycles of
 each phase of a step (dot products, their reduction, the cell math with the
 exchange's stores, the barrier's two halves, the step's global stores and
-loads), read from clock64 by thread 0 of the first CTA of each launch.
+loads), read from clock64 by thread 0 of the first CTA of each launch; and,
+for the forward kernels, the exchange's trace per batch chunk (the global
+timer of every CTA as it leaves the step's arrive and its wait, over 64
+steps): how far apart the CTAs arrive, and how long the last arrival takes
+to end the first and the last CTA's wait.
 
 Needs a profiling build (the kernels print the phases only there):
 
@@ -36,6 +40,17 @@ LINE = re.compile(
     r"lltm step clocks: (?P<what>\w+ \w+) (?P<shape>.*?) cycles/step: (?P<phases>.*?); total (?P<total>\d+)"
     r"(?:; sm clock (?P<ghz>[\d.]+) GHz)?"
 )
+
+TRACE = re.compile(r"lltm step trace: (?P<what>\w+ \w+) group=(?P<group>\d+) ctas (?P<ctas>\d+-\d+) (?P<rest>.*)")
+
+
+def parse_trace(text: str) -> list[dict]:
+    """The exchange's trace lines of one run: direction and path, group, the chunk's CTAs and the
+    line's numbers as it reads."""
+    return [
+        {"what": m["what"], "group": int(m["group"]), "ctas": m["ctas"], "text": m["rest"]}
+        for m in TRACE.finditer(text)
+    ]
 
 
 def _capture_stdout(fn, sync: bool = True) -> str:
@@ -92,10 +107,14 @@ def measure(T: int, B: int, I: int, S: int, dtype: torch.dtype, path: str, cell:
         return None
     finally:
         _set_path("auto")
-    # One line per launch (one per wave): keep the first of each direction.
+    # One line per launch (one per wave): keep the first of each direction,
+    # and the forward's trace lines of its chunks.
     seen: dict[str, dict] = {}
     for row in parse(text):
         seen.setdefault(row["what"].split()[0], row)
+    if "forward" in seen:
+        traces = [t for t in parse_trace(text) if t["what"] == seen["forward"]["what"]]
+        seen["forward"]["trace"] = traces[: max(1, len({t["ctas"] for t in traces}))]
     return list(seen.values())
 
 
@@ -148,6 +167,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 ghz = row["ghz"] or rated
                 ns = f" = {row['total'] / ghz:.0f} ns at {ghz:.3f} GHz" if ghz else ""
                 print(f"{B}x{I}x{S} {path:12s} {row['what']:17s} {row['shape']}: {phases} | total {row['total']}{ns}")
+                for t in row.get("trace", []):
+                    print(f"    trace, CTAs {t['ctas']}: {t['text']}")
     if not any_line:
         print("step_phases: no phase lines; is this a profiling build (LLTM_STEP_CLOCKS=1 at build time)?")
         return 1

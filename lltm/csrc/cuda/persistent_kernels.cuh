@@ -324,6 +324,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
     // no CTA of this launch) follow it.
     if (!last) ex.arrive(next);
     clk.mark(3);
+    if (!last) clk.trace(0);
     if (grp.working) {
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
@@ -345,7 +346,9 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
     clk.mark(4);
     ex.wait(next, t);  // every slice of h_t is in view(next)
     clk.mark(5);
+    clk.trace(1);
   }
+  clk.trace_report(kCluster ? "forward cluster" : "forward grid", p.group);
   clk.report(kCluster ? "forward cluster" : "forward grid",
              {"dot", "reduce", "cell+put", "arrive", "stores+loads", "wait"}, p.steps, p.rows, J, p.group,
              dot_name<kMma, kRegW>());

@@ -136,13 +136,73 @@ __device__ __forceinline__ Group my_group(const Slice& s, int KS, int rows_padde
 // nanoseconds: under load it may run below the clock rate the runtime
 // reports, and the cycles are the SM's). In other builds every call is
 // empty.
+#ifdef LLTM_STEP_CLOCKS
+// The exchange's trace (forward kernels of profiling builds): thread 0 of
+// every CTA writes the global timer as it leaves the step's arrive and its
+// wait, for kTraceSteps steps from step kTraceFrom on; the launch's last CTA
+// to finish reads them all and prints, per batch chunk, how far apart the
+// CTAs arrive and how long the last arrival takes to end the waits.
+constexpr int kTraceCtas = 264, kTraceSteps = 64, kTraceFrom = 16;
+static __device__ unsigned long long step_trace[kTraceCtas][kTraceSteps][2];
+static __device__ unsigned step_trace_done;
+#endif
+
 struct StepClocks {
   static constexpr int kPhases = 6;
   using Names = const char* const (&)[kPhases];  // one per phase, in the order of the marks
 #ifdef LLTM_STEP_CLOCKS
   long long sum[kPhases] = {}, last = 0, first = 0;
   unsigned long long first_ns = 0;
+  int64_t traced = 0;  // steps that passed their wait (trace)
   bool on = false;
+  // After the exchange's arrive (0) and after its wait (1): the trace's times.
+  __device__ __forceinline__ void trace(int which) {
+    const int64_t k = traced - kTraceFrom;
+    if (threadIdx.x == 0 && blockIdx.x < kTraceCtas && k >= 0 && k < kTraceSteps)
+      step_trace[blockIdx.x][k][which] = global_ns();
+    if (which == 1) ++traced;
+  }
+  // Every thread at the end of a forward launch; thread 0 of the last CTA prints.
+  __device__ void trace_report(const char* what, int group) const {
+    if (threadIdx.x != 0) return;
+    __threadfence();
+    if (atomicAdd(&step_trace_done, 1u) != gridDim.x - 1) return;
+    __threadfence();
+    const int ctas = min(static_cast<int>(gridDim.x), kTraceCtas);
+    const int64_t steps = min(static_cast<int64_t>(kTraceSteps), traced - kTraceFrom);
+    for (int c0 = 0; c0 + group <= ctas && steps > 0; c0 += group) {
+      double spread = 0, first_out = 0, last_out = 0, period = 0;
+      unsigned long long min_spread = ~0ull, prev_last = 0;
+      int last_cta = -1, last_count = 0, zero = 0;
+      int counts[kTraceCtas] = {};
+      for (int64_t k = 0; k < steps; ++k) {
+        unsigned long long a_min = ~0ull, a_max = 0, w_min = ~0ull, w_max = 0;
+        int arg = c0;
+        for (int c = c0; c < c0 + group; ++c) {
+          const unsigned long long a = step_trace[c][k][0], w = step_trace[c][k][1];
+          if (a > a_max) a_max = a, arg = c;
+          a_min = min(a_min, a);
+          w_min = min(w_min, w);
+          w_max = max(w_max, w);
+        }
+        spread += double(a_max - a_min);
+        if (a_max > a_min) min_spread = min(min_spread, a_max - a_min);
+        zero += a_max == a_min;
+        first_out += double(w_min) - double(a_max);
+        last_out += double(w_max) - double(a_max);
+        if (k > 0) period += double(a_max - prev_last);
+        prev_last = a_max;
+        if (++counts[arg] > last_count) last_count = counts[arg], last_cta = arg;
+      }
+      printf(
+          "lltm step trace: %s group=%d ctas %d-%d steps=%lld: arrivals %.0f ns apart (first to last), the "
+          "last arrival to the first wait's end %.0f ns and to the last's %.0f ns; step %.0f ns; CTA %d "
+          "arrives last in %d steps; timer: smallest nonzero spread %llu ns, %d steps without one\n",
+          what, group, c0, c0 + group - 1, static_cast<long long>(steps), spread / steps, first_out / steps,
+          last_out / steps, steps > 1 ? period / (steps - 1) : 0.0, last_cta, last_count, min_spread, zero);
+    }
+    step_trace_done = 0;
+  }
   __device__ static unsigned long long global_ns() {
     unsigned long long ns;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
@@ -176,6 +236,8 @@ struct StepClocks {
 #else
   __device__ void start() {}
   __device__ __forceinline__ void mark(int) {}
+  __device__ __forceinline__ void trace(int) {}
+  __device__ void trace_report(const char*, int) const {}
   __device__ void report(const char*, Names, int64_t, int, int, int, const char*) const {}
 #endif
 };
