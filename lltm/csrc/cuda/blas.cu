@@ -242,10 +242,13 @@ void run_gemms_split_tf32(const Gemm* gemms, int count) {
     int64_t row0;  // the block's first row in the job's
   };
   auto find_or_add = [&](const void* data, int64_t rows, int64_t cols, int64_t ld) -> Split {
+    // Addresses of unrelated blocks compared as integers.
     const float* p = static_cast<const float*>(data);
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
     for (int j = 0; j < jobs.count; ++j) {
-      if (jobs.cols[j] != cols || jobs.ld[j] != ld || p < jobs.src[j]) continue;
-      const int64_t offset = p - jobs.src[j];
+      const auto from = reinterpret_cast<std::uintptr_t>(jobs.src[j]);
+      if (jobs.cols[j] != cols || jobs.ld[j] != ld || at < from || (at - from) % sizeof(float) != 0) continue;
+      const auto offset = static_cast<int64_t>((at - from) / sizeof(float));
       if (offset % ld == 0 && offset / ld + rows <= jobs.rows[j]) return {j, offset / ld};
     }
     TORCH_CHECK(jobs.count < kMaxSplitJobs, "lltm::fused (CUDA): internal error: more than ", kMaxSplitJobs,
