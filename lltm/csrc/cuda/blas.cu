@@ -276,19 +276,14 @@ void run_gemms_split_tf32(const Gemm* gemms, int count) {
                        at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, c10::cuda::current_device()));
     float* base = buffer.mutable_data_ptr<float>();
     for (int j = 0; j < jobs.count; ++j) jobs.dst[j] = base + 2 * jobs.start[j];
-    const int threads = 256;
+    const int threads = 256;  // every job has elements: GEMMs with an empty dimension are skipped above
     const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, int64_t(1) << 16);
-    if (total > 0) {
-      split_tf32_kernel<<<static_cast<unsigned>(blocks), threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-          jobs);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
+    split_tf32_kernel<<<static_cast<unsigned>(blocks), threads, 0, c10::cuda::getCurrentCUDAStream()>>>(jobs);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  // A split block's big part, its small part, and its ld (the job's columns).
+  // A split block's big part and its small part (both the job's columns apart).
   auto big = [&](const Split& s) { return jobs.dst[s.job] + s.row0 * jobs.cols[s.job]; };
-  auto small = [&](const Split& s) {
-    return jobs.dst[s.job] + jobs.rows[s.job] * jobs.cols[s.job] + s.row0 * jobs.cols[s.job];
-  };
+  auto small = [&](const Split& s) { return big(s) + jobs.rows[s.job] * jobs.cols[s.job]; };
   std::vector<Gemm> parts;
   parts.reserve(3 * count);
   for (int i = 0; i < count; ++i) {

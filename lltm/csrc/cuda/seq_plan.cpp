@@ -484,11 +484,13 @@ int loop_dh_splits(int64_t batch, int64_t state, int64_t k, int sms, bool k_majo
 
 bool held_split_fits(const Split& s, bool backward, int64_t state, int elem) {
   if (!s.mma || !s.w_regs) return true;
-  if (backward || elem != 2 || s.rows_padded != 8 || s.per_thread != 1) return false;
+  // The planner's own tests (mma_holds_a, mma_held_share), on tile counts it would have made.
   if (s.mstack < 1 || s.mstack > mma_stack_max(1) || s.ksplit < 1 || s.mtiles % s.mstack != 0) return false;
-  if (s.mtiles / s.mstack * s.ksplit > s.threads / 32) return false;
-  const int64_t per_task = ceil_div(ceil_div(state, int64_t{16}), s.ksplit);
-  return s.w_part || per_task <= kMmaRegFragments / s.mstack;
+  Problem p;
+  p.backward = backward;
+  p.state = state;
+  p.elem = elem;
+  return mma_holds_a(p, s) && (s.w_part || mma_held_share(p, s) >= 1.0);
 }
 
 const char* path_name(SeqPath path) {
