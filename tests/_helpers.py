@@ -127,7 +127,7 @@ def assert_matches(
 
 
 def held_place(plan: str, path: str) -> tuple[int, Optional[str], str]:
-    """(batch rows a chunk, W_hh's place, the line) of the forced `path`'s line of a forward plan
+    """(batch rows a chunk, W_hh's place, the line) of the forced `path`'s line of a plan
     report (torch.ops.lltm._fused_cuda_seq_plan) with the MMA dot: the place is the plan's w= token
     ("regs": every k step's A fragments held in registers, "regs+smem": the first ones), None where
     A is read from shared memory. Skips the test where this GPU's chunks have more than 8 rows (one

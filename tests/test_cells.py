@@ -506,28 +506,33 @@ def test_cuda_paths_match_reference(monkeypatch, torch_settings, cell, path, dot
         assert rel_err(g, w) <= tol, f"result {k}: {rel_err(g, w):.2e}"
 
 
-# (path, S, CTAs a chunk, B, W_hh's place for the LSTM, for the GRU): forward plans whose warps hold
-# W_hh's A fragments in registers, every k step of a task ("regs") or its first 18 / tiles ones with
-# the rest read from shared memory every step ("regs+smem", the part-held kernels), with tasks of 1
-# to 4 tiles among the cells' gate counts (4 and 3). All held: grid 200/8 (one tile, 13 k steps:
-# four accumulator sets and a tail), 70/3 (LSTM 3 tiles, GRU 1), 128/4 (4 and 3), 40/8 (2 and 1, five
-# warps idle), cluster 128/4 (4 and 3). Part held: grid 512/16 (4 tiles, 4 of 8 k steps held; GRU 3,
-# 6 of 8), 400/16 (one tile, 18 of 25), 160/4 (LSTM 2 tiles, 9 of 10; GRU all held), 400/13 (slices
+# (path, S, CTAs a chunk, B, W_hh's place for the LSTM, for the GRU, each (forward, backward)): plans
+# whose warps hold W_hh's A fragments in registers, every k step of a task ("regs") or its first ones
+# with the rest read from shared memory every step ("regs+smem", the part-held kernels), with tasks of
+# 1 to 4 tiles among the cells' gate counts (4 and 3). Forward, all held: grid 200/8 (one tile, 13 k
+# steps: four accumulator sets and a tail), 70/3 (LSTM 3 tiles, GRU 1), 128/4 (4 and 3), 40/8 (2 and 1,
+# five warps idle), cluster 128/4 (4 and 3); part held: grid 512/16 (4 tiles, 4 of 8 k steps held; GRU
+# 3, 6 of 8), 400/16 (one tile, 18 of 25), 160/4 (LSTM 2 tiles, 9 of 10; GRU all held), 400/13 (slices
 # of 6 and 7 k steps: the GRU's 6 held, so three of its four tasks end within them), cluster 512/16.
-# B = 40 puts several rows of different lengths in a chunk's B tile (5 on a 132-SM GPU).
+# The backward holds 18 / (tiles x gates) k steps of each gate segment's share: all of them in tasks
+# of one tile (40/8, 200/16) and of two (200/8, 70/3, 128/4, cluster 128/4: 2 of 2); part held with
+# two tiles (512/16: 2 of 4; 400/16, 400/13: 2 of 4) and with the LSTM's three at 160/4 (1 of 2;
+# the GRU's 2 of 2). B = 40 puts several rows of different lengths in a chunk's B tile (5 on a
+# 132-SM GPU).
+R, P = "regs", "regs+smem"
 HELD_A = [
-    ("grid", 200, 8, 5, "regs", "regs"),
-    ("grid", 70, 3, 5, "regs", "regs"),
-    ("grid", 128, 4, 5, "regs", "regs"),
-    ("grid", 40, 8, 5, "regs", "regs"),
-    ("grid", 512, 16, 5, "regs+smem", "regs+smem"),
-    ("grid", 400, 16, 5, "regs+smem", "regs+smem"),
-    ("grid", 160, 4, 5, "regs+smem", "regs"),
-    ("grid", 400, 13, 5, "regs+smem", "regs+smem"),
-    ("grid", 512, 16, 40, "regs+smem", "regs+smem"),
-    ("grid", 200, 16, 40, "regs", "regs"),
-    ("cluster", 512, 16, 5, "regs+smem", "regs+smem"),
-    ("cluster", 128, 4, 5, "regs", "regs"),
+    ("grid", 200, 8, 5, (R, R), (R, R)),
+    ("grid", 70, 3, 5, (R, R), (R, R)),
+    ("grid", 128, 4, 5, (R, R), (R, R)),
+    ("grid", 40, 8, 5, (R, R), (R, R)),
+    ("grid", 512, 16, 5, (P, P), (P, P)),
+    ("grid", 400, 16, 5, (P, P), (P, P)),
+    ("grid", 160, 4, 5, (P, P), (R, R)),
+    ("grid", 400, 13, 5, (P, P), (P, P)),
+    ("grid", 512, 16, 40, (P, P), (P, P)),
+    ("grid", 200, 16, 40, (R, R), (R, R)),
+    ("cluster", 512, 16, 5, (P, P), (P, P)),
+    ("cluster", 128, 4, 5, (R, R), (R, R)),
 ]
 
 
@@ -536,12 +541,12 @@ HELD_A = [
 @pytest.mark.parametrize("dtype", LOW_PRECISION, ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("path,S,group,B,lstm_w,gru_w", HELD_A, ids=lambda v: str(v))
 @pytest.mark.parametrize("cell", SEAM, ids=lambda c: c.name)
-def test_forward_holds_w_in_registers(monkeypatch, cell, path, S, group, B, lstm_w, gru_w, dtype):
-    """The persistent MMA forward with each warp's A fragments of W_hh (all or the first of them) held
-    in registers (the plan says dot=mma w=regs, or w=regs+smem) against the same plan reading them
-    from shared memory every step (LLTM_SEQ_DOT=mma-smem): the same MMAs in the same order, so
-    outputs, final states and every gradient equal bit for bit; and within 2x the python backend's
-    error in the same dtype."""
+def test_holds_w_in_registers(monkeypatch, cell, path, S, group, B, lstm_w, gru_w, dtype):
+    """The persistent MMA kernels, forward and backward, with each warp's A fragments of W_hh (all or
+    the first of them) held in registers (the plans say dot=mma w=regs, or w=regs+smem) against the
+    same plans reading them from shared memory every step (LLTM_SEQ_DOT=mma-smem): the same MMAs in
+    the same order, so outputs, final states and every gradient equal bit for bit; and within 2x the
+    python backend's error in the same dtype."""
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("no tensor-core MMA before sm_80")
     if path == "cluster" and not _cluster_kernels_here():
@@ -557,10 +562,11 @@ def test_forward_holds_w_in_registers(monkeypatch, cell, path, S, group, B, lstm
     results = {}
     for dot in ("mma", "mma-smem"):
         monkeypatch.setenv("LLTM_SEQ_DOT", dot)
-        plan = torch.ops.lltm._fused_cuda_seq_plan(False, T, B, S, dtype, 0, cell.name)
-        rows, place, line = held_place(plan, path)
-        assert rows > 1 or B < 8, line
-        assert place == (want_w if dot == "mma" else None), line
+        for backward, want in zip((False, True), want_w):
+            plan = torch.ops.lltm._fused_cuda_seq_plan(backward, T, B, S, dtype, 0, cell.name)
+            rows, place, line = held_place(plan, path)
+            assert rows > 1 or B < 8, line
+            assert place == (want if dot == "mma" else None), line
         results[dot] = outputs_and_grads(run(cell, "fused"), low, lengths)
     exact = outputs_and_grads(reference(cell), _cpu(args), lengths.cpu())
     plain = outputs_and_grads(reference(cell), low, lengths)

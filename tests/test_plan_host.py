@@ -36,10 +36,10 @@ def held_plans(tmp_path_factory) -> str:
 
 
 def test_every_held_split_the_planner_offers_fits(held_plans):
-    m = re.search(r"^plans (\d+) held (\d+) refused (\d+)$", held_plans, re.M)
+    m = re.search(r"^plans (\d+) held (\d+) backward (\d+) refused (\d+)$", held_plans, re.M)
     assert m is not None, held_plans
-    plans, held, refused = map(int, m.groups())
-    assert plans > 1000 and held > 100, held_plans  # the grid reaches the held plans
+    plans, held, held_backward, refused = map(int, m.groups())
+    assert plans > 1000 and held > 100 and held_backward > 50, held_plans  # the grid reaches the held plans
     assert refused == 0, held_plans
 
 
@@ -51,7 +51,11 @@ def test_every_held_split_the_planner_offers_fits(held_plans):
         ("past_fragments_part", 0),  # the same split part-held reads the rest from shared memory
         ("two_b_tiles", 1),
         ("tasks_past_warps", 1),
-        ("backward", 1),
+        ("backward", 0),  # one tile: every k step of each gate segment held
+        ("backward_past_fragments", 1),  # 4 gates: 4 of each segment's 6 k steps
+        ("backward_part", 0),
+        ("backward_segments_past_fragments", 1),  # not a k step of each of 19 segments
+        ("backward_tiles_past_fragments", 1),  # 3 tiles a task: 2 of 6 k steps held, not part-held
         ("float", 1),
         ("two_rows", 1),
     ],

@@ -147,26 +147,28 @@ def test_mma_paths_half_precision_match_fma(monkeypatch, use_path, path, shape, 
         assert mma <= 2 * fma + 1e-3, f"{name}: MMA error {mma:.2e} > 2 x the FMA dot's {fma:.2e}"
 
 
-# (path, S, CTAs a chunk, B, W_hh's place): the LLTM's forward plans (3 gates) whose warps hold
-# W_hh's A fragments, every k step ("regs") or the first ones ("regs+smem"); tests/test_cells.py's
-# test_forward_holds_w_in_registers has the LSTM's and the GRU's.
+# (path, S, CTAs a chunk, B, W_hh's place forward, backward): the LLTM's plans (3 gates) whose warps
+# hold W_hh's A fragments, every k step ("regs") or the first ones ("regs+smem"; the backward's the
+# first of each gate segment's share); tests/test_cells.py's test_holds_w_in_registers has the
+# LSTM's and the GRU's.
 LLTM_HELD_A = [
-    ("grid", 200, 8, 5, "regs"),  # one tile, 13 k steps: four accumulator sets and a tail
-    ("grid", 160, 4, 5, "regs"),  # four-tile tasks over four k slices
-    ("grid", 400, 16, 5, "regs+smem"),  # one tile, 18 of 25 k steps held
-    ("grid", 400, 13, 5, "regs+smem"),  # three tiles, slices of 6 and 7 k steps, 6 held
-    ("grid", 512, 16, 40, "regs+smem"),  # five rows of different lengths in the B tile
-    ("cluster", 128, 4, 5, "regs"),
-    ("cluster", 512, 16, 5, "regs+smem"),
+    ("grid", 200, 8, 5, "regs", "regs"),  # one tile, 13 k steps: four accumulator sets and a tail
+    ("grid", 160, 4, 5, "regs", "regs"),  # four-tile tasks over four k slices; backward 3 tiles, 2 of 2
+    ("grid", 400, 16, 5, "regs+smem", "regs+smem"),  # one tile, 18 of 25 k steps held; backward 3 of 4
+    ("grid", 400, 13, 5, "regs+smem", "regs+smem"),  # three tiles, slices of 6 and 7 k steps, 6 held
+    ("grid", 512, 16, 40, "regs+smem", "regs+smem"),  # five rows of different lengths in the B tile
+    ("cluster", 128, 4, 5, "regs", "regs"),
+    ("cluster", 512, 16, 5, "regs+smem", "regs+smem"),
 ]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
-@pytest.mark.parametrize("path,S,group,B,held", LLTM_HELD_A, ids=str)
-def test_lltm_forward_holds_w_in_registers(monkeypatch, use_path, path, S, group, B, held, dtype):
-    """The LLTM's persistent MMA forward with W_hh's A fragments held in registers (all or the first
-    k steps) against the same plan reading them from shared memory every step (LLTM_SEQ_DOT=mma-smem):
-    the same MMAs in the same order, so outputs, final states and every gradient equal bit for bit."""
+@pytest.mark.parametrize("path,S,group,B,held,held_backward", LLTM_HELD_A, ids=str)
+def test_lltm_holds_w_in_registers(monkeypatch, use_path, path, S, group, B, held, held_backward, dtype):
+    """The LLTM's persistent MMA kernels, forward and backward, with W_hh's A fragments held in
+    registers (all or the first k steps) against the same plans reading them from shared memory every
+    step (LLTM_SEQ_DOT=mma-smem): the same MMAs in the same order, so outputs, final states and every
+    gradient equal bit for bit."""
     use_path(f"{path}-mma")
     monkeypatch.setenv("LLTM_SEQ_CLUSTER" if path == "cluster" else "LLTM_SEQ_GROUP", str(group))
     T, I = 9, 7
@@ -174,10 +176,11 @@ def test_lltm_forward_holds_w_in_registers(monkeypatch, use_path, path, S, group
     lengths = torch.randint(0, T + 1, (B,), generator=torch.Generator().manual_seed(S)).cuda()
     lengths[:2] = torch.tensor([T, 0])
     results = {}
-    for dot, want in (("mma", held), ("mma-smem", None)):
+    for dot, want in (("mma", (held, held_backward)), ("mma-smem", (None, None))):
         monkeypatch.setenv("LLTM_SEQ_DOT", dot)
-        _, place, line = held_place(_plan(False, T, B, S, dtype), path)
-        assert place == want, line
+        for backward, want_w in zip((False, True), want):
+            _, place, line = held_place(_plan(backward, T, B, S, dtype), path)
+            assert place == want_w, line
         results[dot] = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args, lengths)
     for name, a, b in zip(("output", "h_n", "c_n") + NAMES, results["mma"], results["mma-smem"]):
         assert torch.isfinite(a).all(), f"{name}: unwritten or non-finite elements"

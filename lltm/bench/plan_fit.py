@@ -108,11 +108,13 @@ MMA_REG_FRAGMENTS = 18  # seq_plan.h's kMmaRegFragments
 
 
 def _held_share(p: Problem, s: dict) -> float:
-    """seq_plan.cpp's mma_held_share: the share of a task's k steps whose A fragments it holds."""
+    """seq_plan.cpp's mma_held_share: the share of a task's k steps whose A fragments it holds (the
+    backward's: of each gate segment's share)."""
     if not (s["mma"] and s["wregs"]):
         return 0.0
-    per_task = math.ceil(_mma_ksteps(p) / s["ksplit"])
-    return min(1.0, (MMA_REG_FRAGMENTS // s["mstack"]) / per_task)
+    segments = p.gates if p.backward else 1
+    per_segment = math.ceil(_mma_ksteps(p) // segments / s["ksplit"])
+    return min(1.0, (MMA_REG_FRAGMENTS // (s["mstack"] * segments)) / per_segment)
 
 
 def _mma_dot_cycles(p: Problem, s: dict, k: dict) -> float:

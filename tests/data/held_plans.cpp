@@ -16,7 +16,7 @@ int main() {
   d.clock_ghz = 1.98;
   d.cluster_kernels = d.grid_kernels = d.mma_kernels = d.multicast = true;
   const ResidentChunks resident = [&](SeqPath, const Split& s) -> int { return d.sms / s.group; };
-  int plans = 0, held = 0, refused = 0;
+  int plans = 0, held = 0, held_backward = 0, refused = 0;
   for (int gates : {3, 4}) {
     for (bool backward : {false, true}) {
       for (int elem : {2, 4}) {
@@ -44,7 +44,8 @@ int main() {
               if (plan.path == SeqPath::kLoop || !plan.why_not.empty()) continue;
               ++plans;
               held += plan.split.mma && plan.split.w_regs;
-              if (!held_split_fits(plan.split, backward, state, elem)) {
+              held_backward += backward && plan.split.mma && plan.split.w_regs;
+              if (!held_split_fits(plan.split, backward, gates, state, elem)) {
                 ++refused;
                 std::printf("unfit %s backward=%d elem=%d B=%ld S=%ld group=%d\n", p.cell, backward, elem,
                             batch, state, plan.split.group);
@@ -55,7 +56,7 @@ int main() {
       }
     }
   }
-  std::printf("plans %d held %d refused %d\n", plans, held, refused);
+  std::printf("plans %d held %d backward %d refused %d\n", plans, held, held_backward, refused);
   // A held split of FlashRNN's point (S = 768: 3 tiles, 48 k steps in 8
   // slices of 6), and variations of it the held kernels cannot run.
   Split s;
@@ -66,22 +67,32 @@ int main() {
   s.mstack = 3;
   s.ksplit = 8;
   s.threads = 256;
-  std::printf("refused fits %d\n", !held_split_fits(s, false, 768, 2));
+  std::printf("refused fits %d\n", !held_split_fits(s, false, 3, 768, 2));
   Split past = s;
   past.ksplit = 2;  // 24 k steps a task, 6 held
-  std::printf("refused past_fragments %d\n", !held_split_fits(past, false, 768, 2));
+  std::printf("refused past_fragments %d\n", !held_split_fits(past, false, 3, 768, 2));
   past.w_part = true;
-  std::printf("refused past_fragments_part %d\n", !held_split_fits(past, false, 768, 2));
+  std::printf("refused past_fragments_part %d\n", !held_split_fits(past, false, 3, 768, 2));
   Split wide = s;
   wide.rows_padded = 16;
-  std::printf("refused two_b_tiles %d\n", !held_split_fits(wide, false, 768, 2));
+  std::printf("refused two_b_tiles %d\n", !held_split_fits(wide, false, 3, 768, 2));
   Split many = s;
   many.ksplit = 9;
-  std::printf("refused tasks_past_warps %d\n", !held_split_fits(many, false, 768, 2));
-  std::printf("refused backward %d\n", !held_split_fits(s, true, 768, 2));
-  std::printf("refused float %d\n", !held_split_fits(s, false, 768, 4));
+  std::printf("refused tasks_past_warps %d\n", !held_split_fits(many, false, 3, 768, 2));
+  // The backward holds the first k steps of each gate segment: 6 of a
+  // task's 6 a segment with one tile (FlashRNN's LLTM), 4 of 6 with 4 gates
+  // (its LSTM: part-held), 2 of 6 with 3 tiles.
+  Split back = s;
+  back.mtiles = back.mstack = 1;
+  std::printf("refused backward %d\n", !held_split_fits(back, true, 3, 768, 2));
+  std::printf("refused backward_past_fragments %d\n", !held_split_fits(back, true, 4, 768, 2));
+  back.w_part = true;
+  std::printf("refused backward_part %d\n", !held_split_fits(back, true, 4, 768, 2));
+  std::printf("refused backward_segments_past_fragments %d\n", !held_split_fits(back, true, 19, 768, 2));
+  std::printf("refused backward_tiles_past_fragments %d\n", !held_split_fits(s, true, 3, 768, 2));
+  std::printf("refused float %d\n", !held_split_fits(s, false, 3, 768, 4));
   Split two_rows = s;
   two_rows.per_thread = 2;
-  std::printf("refused two_rows %d\n", !held_split_fits(two_rows, false, 768, 2));
+  std::printf("refused two_rows %d\n", !held_split_fits(two_rows, false, 3, 768, 2));
   return 0;
 }

@@ -582,6 +582,151 @@ __device__ __forceinline__ void mma_dot_held(const scalar_t* a, const scalar_t* 
   mma_dot_held_ms<scalar_t, 1, kPart>(o, ksteps, mtiles, first, held, tile);
 }
 
+// ------------------------------ A held in registers (backward, segment-major)
+//
+// The backward's dot walks a task's k slice segment by segment (kSegMajor:
+// k steps [lo, hi) of each of the G gate segments, before(segment) first,
+// so that every warp starts on the first gate block of the reload). A warp
+// holds the first KS = kMmaRegFragments / (MS G) k steps of its share of
+// every segment; with kPart the rest of each share is read from shared
+// memory every step. The MMAs and their order are mma_dot_tiles' and
+// mma_dot_stacked's segment-major walks (the accumulator sets restart at
+// each segment): the same results bit for bit.
+template <int MS, int G>
+constexpr int seg_held_steps() {
+  return kMmaRegFragments / (MS * G);
+}
+
+// Fragment (segment, tile m, k step kk of the segment's share).
+template <int MS, int G>
+constexpr int held_seg_index(int seg, int m, int kk) {
+  return (seg * MS + m) * seg_held_steps<MS, G>() + kk;
+}
+
+template <typename scalar_t, int MS, int G>
+__device__ __forceinline__ void hold_a_seg_ms(const MmaOperands& o, int ksteps, const WarpTask& first,
+                                              HeldA& held) {
+  static_assert(seg_held_steps<MS, G>() >= 1, "a task of MS tiles holds no k step of each of G segments");
+  constexpr int KS = seg_held_steps<MS, G>();
+  const int nk = first.hi - first.lo;
+#pragma unroll
+  for (int seg = 0; seg < G; ++seg) {
+    FragmentWalk walk = FragmentWalk::at(o, ksteps, seg, first.lo, first.at.m0);
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      if (kk >= nk) break;
+#pragma unroll
+      for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(held[held_seg_index<MS, G>(seg, m, kk)], m);
+      walk.next();
+    }
+  }
+}
+
+template <typename scalar_t, int MS, int G, bool kPart, typename Before>
+__device__ __forceinline__ void mma_dot_held_seg_ms(const MmaOperands& o, int ksteps, int mtiles,
+                                                    const WarpTask& first, const HeldA& held, float* tile,
+                                                    const Before& before) {
+  constexpr int KS = seg_held_steps<MS, G>();
+  constexpr int kSets = MS == 1 ? 4 : 1;
+  const int nk = first.hi - first.lo;
+  float acc[kSets][MS][1][4];  // [set][tile][the one B tile][fragment]
+#pragma unroll
+  for (int h = 0; h < kSets; ++h) {
+#pragma unroll
+    for (int m = 0; m < MS; ++m) acc[h][m][0][0] = acc[h][m][0][1] = acc[h][m][0][2] = acc[h][m][0][3] = 0.f;
+  }
+#pragma unroll
+  for (int seg = 0; seg < G; ++seg) {
+    before(seg);
+    FragmentWalk walk = FragmentWalk::at(o, ksteps, seg, first.lo, first.at.m0);
+    auto held_step = [&](int kk) {  // kk a constant once unrolled
+      uint32_t bf[1][2];
+      walk.load_b<scalar_t, 1>(bf);
+#pragma unroll
+      for (int m = 0; m < MS; ++m)
+        mma_tile<scalar_t>(acc[kk % kSets][m][0], held[held_seg_index<MS, G>(seg, m, kk)], bf[0]);
+      walk.next();
+    };
+    if (!kPart || nk <= KS) {
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+        if (kk >= nk) break;
+        held_step(kk);
+      }
+    } else if constexpr (kPart) {
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) held_step(kk);
+      for (int kk = KS; kk < nk; kk += kSets) {  // set (KS + h) % kSets, as in mma_dot_held_ms
+#pragma unroll
+        for (int h = 0; h < kSets; ++h) {
+          if (kk + h >= nk) break;
+          uint32_t af[MS][4], bf[1][2];
+          walk.load_b<scalar_t, 1>(bf);
+#pragma unroll
+          for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(af[m], m);
+#pragma unroll
+          for (int m = 0; m < MS; ++m) mma_tile<scalar_t>(acc[(KS + h) % kSets][m][0], af[m], bf[0]);
+          walk.next();
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 1; h < kSets; ++h) {
+#pragma unroll
+    for (int m = 0; m < MS; ++m) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[0][m][0][i] += acc[h][m][0][i];
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < MS; ++m) store_tile<1>(tile, first.at.slice, mtiles, first.at.m0 + m, acc[0][m]);
+}
+
+// hold_a and mma_dot_held for the backward: W_hh^T's slice `a` (G segments
+// of `seg_rows` rows, `row` elements apart), B = the step's dzh rows (G
+// blocks of Bp rows); task tiles the planner leaves at most 18 / G.
+template <typename scalar_t, int G>
+__device__ __forceinline__ void hold_a_seg(const scalar_t* a, int seg_rows, int row, int state, int mstack,
+                                           const WarpTask& first, HeldA& held) {
+  const int ksteps = mma_ksteps<scalar_t>(state);
+  const MmaOperands o = mma_operands(a, a, seg_rows, row, 0, row);
+  const int ms = task_tiles(mstack, 1);
+  if constexpr (seg_held_steps<4, G>() >= 1) {
+    if (ms == 4) return hold_a_seg_ms<scalar_t, 4, G>(o, ksteps, first, held);
+  }
+  if constexpr (seg_held_steps<3, G>() >= 1) {
+    if (ms == 3) return hold_a_seg_ms<scalar_t, 3, G>(o, ksteps, first, held);
+  }
+  if constexpr (seg_held_steps<2, G>() >= 1) {
+    if (ms == 2) return hold_a_seg_ms<scalar_t, 2, G>(o, ksteps, first, held);
+  }
+  hold_a_seg_ms<scalar_t, 1, G>(o, ksteps, first, held);
+}
+
+template <typename scalar_t, int G, bool kPart, typename Before>
+__device__ __forceinline__ void mma_dot_held_seg(const scalar_t* a, const scalar_t* b, int seg_rows,
+                                                 int b_seg, int row, int state, int mtiles, int mstack,
+                                                 const WarpTask& first, const HeldA& held, float* tile,
+                                                 const Before& before) {
+  const int ksteps = mma_ksteps<scalar_t>(state);
+  const MmaOperands o = mma_operands(a, b, seg_rows, row, b_seg, row);
+  const int ms = task_tiles(mstack, 1);
+  if constexpr (seg_held_steps<2, G>() >= 1) {
+    if (ms == 2)
+      return mma_dot_held_seg_ms<scalar_t, 2, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
+  }
+  if constexpr (seg_held_steps<3, G>() >= 1) {
+    if (ms == 3)
+      return mma_dot_held_seg_ms<scalar_t, 3, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
+  }
+  if constexpr (seg_held_steps<4, G>() >= 1) {
+    if (ms == 4)
+      return mma_dot_held_seg_ms<scalar_t, 4, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
+  }
+  mma_dot_held_seg_ms<scalar_t, 1, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
+}
+
 // D[m][n] of mma_dot: its k slices added in order. Every slice's value is
 // loaded before the first add (a chain of dependent loads would cost a
 // shared-memory round trip per slice).

@@ -4,7 +4,7 @@
 //
 // Template parameters: the Cell, the tensor dtype, NB batch rows per thread
 // group, the dot (kMma: tensor-core tiles; else FMA chains), W_hh's slice
-// in registers (kRegW != 0: the FMA dot's chunks; the forward MMA dot's A
+// in registers (kRegW != 0: the FMA dot's chunks; the MMA dot's A
 // fragments, kRegW 1 of every k step of a warp's task, 2 of the first ones
 // with the rest read from shared memory) or in shared memory (0), and the
 // Exchange policy.
@@ -365,9 +365,16 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   constexpr bool kCluster = Exchange<scalar_t>::kClusterOnly;
   // The grid exchanges reload dzh_t's gate blocks one by one (sm_90: an
   // mbarrier each): the MMA dot walks k segment by segment, every warp
-  // starting on gate 0, and waits for each block as it reaches it.
+  // starting on gate 0, and waits for each block as it reaches it. The
+  // cluster's dot walks the same way (its rows are all there at once): the
+  // held fragments are the first k steps of each segment's share, and the
+  // dot from shared memory must add in the same order.
   constexpr bool kBlockWaits = kMma && !kCluster;
-  static_assert(!(kMma && kRegW != 0), "the backward's MMA dot reads W_hh from shared memory");
+  // W_hh^T in registers: the FMA dot's chunks, or the MMA dot's A fragments
+  // (one B tile; persistent_dots.cuh's hold_a_seg), all or the first of each segment.
+  constexpr bool kFmaRegs = kRegW != 0 && !kMma, kHeldA = kRegW != 0 && kMma,
+                 kHeldPart = kHeldA && kRegW == 2;
+  static_assert(!kHeldA || NB == 1, "the held A fragments are one row a thread group's");
   if (unsupported_here<Exchange<scalar_t>::kClusters, kMma>()) return;
   const Slice s = my_slice(p);
   const int J = p.units, S = p.state, row = p.row, Bp = p.rows_padded;
@@ -385,12 +392,12 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
 
   // wt_s[g][jj][k] = W_hh[g S + k][j0 + jj]: this CTA's columns of W_hh as
   // rows (read with jj fastest, so consecutive threads read consecutive
-  // addresses of W); none with W_hh in registers (w_rows = 0).
+  // addresses of W); none with the FMA dot's W_hh in registers (w_rows = 0).
   // The reads are J elements wide at most: kInFlight of each thread in
   // flight before their stores (the prologue is latency-bound, as the forward's).
   {
     constexpr int kInFlight = 8;
-    const int total = kRegW ? 0 : G * J * row;
+    const int total = kFmaRegs ? 0 : G * J * row;
     for (int e0 = threadIdx.x; e0 < total; e0 += kInFlight * blockDim.x) {
       scalar_t v[kInFlight];
 #pragma unroll
@@ -416,10 +423,10 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   const Group grp = my_group<NB>(s, p.ks, (p.rows + NB - 1) / NB * NB);
   const int j = grp.j;
   const int chunks = (S + V - 1) / V;
-  // W_hh's column j in registers (kRegW, see the forward kernel): chunks
+  // W_hh's column j in registers (kFmaRegs, see the forward kernel): chunks
   // ks + m KS of its G gate segments, w_r[g][m][v] = W_hh[g S + k][j].
-  Pack<scalar_t, V> w_r[G][kRegW ? kRegChunks : 1];
-  if constexpr (kRegW) {
+  Pack<scalar_t, V> w_r[G][kFmaRegs ? kRegChunks : 1];
+  if constexpr (kFmaRegs) {
 #pragma unroll
     for (int i = 0; i < G; ++i) {
       const scalar_t* w_col = p.w + int64_t(i) * S * p.w_ld + j;
@@ -499,7 +506,13 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   }
   [[maybe_unused]] WarpTask task{};  // the MMA dot's (see the forward kernel)
   if constexpr (kMma) task = warp_task<scalar_t>(G, S, p.mtiles, p.mstack, Bp / 8, p.ksplit);
-  ex.start();
+  ex.start();  // (its barrier also ends the staging of wt_s)
+  [[maybe_unused]] HeldA held;
+  [[maybe_unused]] bool holds = false;
+  if constexpr (kHeldA) {
+    holds = holds_task(p.mtiles, p.mstack, p.ksplit);
+    if (holds) hold_a_seg<scalar_t, G>(wt_s, J, row, S, p.mstack, task, held);
+  }
   StepClocks clk;
   clk.start();
 
@@ -571,13 +584,24 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
 
     // d h_{t-1}[b, j] += sum_g sum_k dzh_t[b, g S + k] W_hh[g S + k, j]
     const scalar_t* x_cur = ex.view(parity);
-    if constexpr (kMma) {  // every warp: the CTA's J x Bp products over G k segments
-      if constexpr (kBlockWaits) {
+    if constexpr (kMma) {  // every warp with a task: the CTA's J x Bp products over G k segments
+      if constexpr (kHeldA) {
+        if (holds) {
+          if constexpr (kBlockWaits) {
+            mma_dot_held_seg<scalar_t, G, kHeldPart>(wt_s, x_cur, J, Bp * row, row, S, p.mtiles, p.mstack,
+                                                     task, held, tile,
+                                                     [&](int gate) { ex.wait_block(gate, n); });
+          } else {
+            mma_dot_held_seg<scalar_t, G, kHeldPart>(wt_s, x_cur, J, Bp * row, row, S, p.mtiles, p.mstack,
+                                                     task, held, tile, NoWait{});
+          }
+        }
+      } else if constexpr (kBlockWaits) {
         mma_dot<scalar_t, true>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, p.mstack, Bp / 8,
                                 p.ksplit, task, tile, [&](int gate) { ex.wait_block(gate, n); });
       } else {
-        mma_dot<scalar_t>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit,
-                          task, tile);
+        mma_dot<scalar_t, true>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, p.mstack, Bp / 8,
+                                p.ksplit, task, tile);
       }
       __syncthreads();
       clk.mark(4);
@@ -591,7 +615,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
 #pragma unroll
         for (int n = 0; n < NB; ++n) acc[n] = tile_sum(tile, grp.jj, grp.r0 + n, p.mtiles, Bp / 8, p.ksplit);
       }
-    } else if constexpr (kRegW) {
+    } else if constexpr (kFmaRegs) {
       // One chain per gate and row (G times shorter), added at the end.
       acc_t part[G][NB];
 #pragma unroll

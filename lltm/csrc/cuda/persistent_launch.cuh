@@ -72,10 +72,11 @@ auto kernel_for_dot(SeqPath path, int per_thread, bool multicast) {
   return kernel_for_rows<Cell, scalar_t, kBackward, kMma, kRegW, GridExchange>(per_thread);
 }
 
-// The forward MMA kernels with A held in registers: one row a thread
-// group, half types (seq_plan.cpp's mma_holds_a).
-template <typename scalar_t, bool kBackward>
-constexpr bool kHasHeldA = !kBackward && sizeof(scalar_t) == 2;
+// The MMA kernels with A held in registers: one row a thread group, half
+// types (seq_plan.cpp's mma_holds_a); the backward's hold a k step of each
+// gate segment at least.
+template <typename Cell, typename scalar_t, bool kBackward>
+constexpr bool kHasHeldA = sizeof(scalar_t) == 2 && (!kBackward || Cell::kGates <= kMmaRegFragments);
 
 template <typename Cell, typename scalar_t, bool kBackward, int kHeld>
 auto held_kernel(SeqPath path, bool multicast) {
@@ -92,7 +93,7 @@ auto held_kernel(SeqPath path, bool multicast) {
 // the MMA dot's A fragments where kHasHeldA).
 template <typename Cell, typename scalar_t, bool kBackward>
 auto kernel_for(SeqPath path, int per_thread, bool mma, int place, bool multicast = false) {
-  if constexpr (kHasHeldA<scalar_t, kBackward>) {
+  if constexpr (kHasHeldA<Cell, scalar_t, kBackward>) {
     if (mma && place != 0) {
       TORCH_CHECK(per_thread == 1, "lltm: internal error: A held in registers is a plan of one row a thread");
       return place == 2 ? held_kernel<Cell, scalar_t, kBackward, 2>(path, multicast)
@@ -341,7 +342,7 @@ bool launch(const Params& base, const at::Tensor& like) {
       measured != nullptr ? *measured : decide<Cell, scalar_t, kBackward>(problem, device).chosen;
   if (plan.path == SeqPath::kLoop) return false;
   const Split& split = plan.split;
-  TORCH_CHECK(held_split_fits(split, kBackward, base.state, int(sizeof(scalar_t))),
+  TORCH_CHECK(held_split_fits(split, kBackward, Cell::kGates, base.state, int(sizeof(scalar_t))),
               "lltm: internal error: a plan holds A fragments the held kernels cannot run (",
               path_name(plan.path), " group ", split.group, ", rows ", split.rows_padded, ", ", split.mtiles,
               " tiles in tasks of ", split.mstack, ", k in ", split.ksplit, " slices, ", split.threads,

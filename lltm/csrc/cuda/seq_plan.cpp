@@ -131,23 +131,36 @@ enum class Dot { kFmaRegs, kFmaSmem, kMma, kMmaSmem };
 int64_t mma_kstep(const Problem& p) { return p.elem == 2 ? 16 : 8; }
 int64_t mma_ksteps(const Problem& p) { return (p.backward ? p.gates : 1) * ceil_div(p.state, mma_kstep(p)); }
 
-// Whether each warp of an MMA split holds A fragments in registers
-// (persistent_dots.cuh's hold_a): the forward in half types with one B tile
-// and one row a thread group (the kernels built for it) and at most one
-// task a warp (of mstack tiles: the kernels' task_tiles, as split_for never
-// plans more than mma_stack_max). The same MMAs in the same order as from
-// shared memory.
-bool mma_holds_a(const Problem& p, const Split& s) {
-  const int64_t tasks = s.mtiles / s.mstack * s.ksplit;
-  return !p.backward && p.elem == 2 && s.rows_padded == 8 && s.per_thread == 1 && tasks <= s.threads / 32;
+// The k segments of one step's products (the backward's G gate segments)
+// and each task's k steps in each (its slice's share; kernels walk the
+// backward's segment by segment, persistent_dots.cuh's kSegMajor).
+int64_t mma_segments(const Problem& p) { return p.backward ? p.gates : 1; }
+int64_t mma_seg_steps(const Problem& p, const Split& s) {
+  return ceil_div(mma_ksteps(p) / mma_segments(p), s.ksplit);
 }
 
-// The share of a task's k steps whose A fragments it holds: the first
-// kMmaRegFragments / tiles of them.
+// The k steps of each segment's share a task of mstack tiles holds
+// (kMmaRegFragments of them in all, the first of every segment).
+int64_t mma_held_steps(const Problem& p, const Split& s) {
+  return kMmaRegFragments / (s.mstack * mma_segments(p));
+}
+
+// Whether each warp of an MMA split holds A fragments in registers
+// (persistent_dots.cuh's hold_a, hold_a_seg): half types with one B tile
+// and one row a thread group (the kernels built for it), at most one task
+// a warp (of mstack tiles: the kernels' task_tiles, as split_for never
+// plans more than mma_stack_max) and a k step of every segment held. The
+// same MMAs in the same order as from shared memory.
+bool mma_holds_a(const Problem& p, const Split& s) {
+  const int64_t tasks = s.mtiles / s.mstack * s.ksplit;
+  return p.elem == 2 && s.rows_padded == 8 && s.per_thread == 1 && tasks <= s.threads / 32 &&
+         mma_held_steps(p, s) >= 1;
+}
+
+// The share of a task's k steps whose A fragments it holds.
 double mma_held_share(const Problem& p, const Split& s) {
   if (!s.mma || !s.w_regs) return 0.0;
-  const int64_t per_task = ceil_div(mma_ksteps(p), s.ksplit);
-  return std::min(1.0, double(kMmaRegFragments / s.mstack) / double(per_task));
+  return std::min(1.0, double(mma_held_steps(p, s)) / double(mma_seg_steps(p, s)));
 }
 
 // The split with `group` CTAs per chunk, `rows` batch rows per chunk and
@@ -482,12 +495,13 @@ int loop_dh_splits(int64_t batch, int64_t state, int64_t k, int sms, bool k_majo
   return splits;
 }
 
-bool held_split_fits(const Split& s, bool backward, int64_t state, int elem) {
+bool held_split_fits(const Split& s, bool backward, int gates, int64_t state, int elem) {
   if (!s.mma || !s.w_regs) return true;
   // The planner's own tests (mma_holds_a, mma_held_share), on tile counts it would have made.
   if (s.mstack < 1 || s.mstack > mma_stack_max(1) || s.ksplit < 1 || s.mtiles % s.mstack != 0) return false;
   Problem p;
   p.backward = backward;
+  p.gates = gates;
   p.state = state;
   p.elem = elem;
   return mma_holds_a(p, s) && (s.w_part || mma_held_share(p, s) >= 1.0);

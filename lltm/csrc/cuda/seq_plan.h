@@ -77,10 +77,11 @@ constexpr int reg_chunks(int gates) { return 24 / gates; }
 
 // A fragments (4 words a lane each) of W_h's slice one warp of the MMA dot
 // holds in registers for the whole loop (Split::w_regs with the MMA dot: a
-// forward chunk of at most 8 batch rows in half types, one task a warp;
-// its first kMmaRegFragments / tiles k steps where it has more, w_part):
-// 72 registers, all of FlashRNN's point's share (3 tiles x 6 k steps at
-// S = 768, groups of 64 CTAs).
+// chunk of at most 8 batch rows in half types, one task a warp; its first
+// kMmaRegFragments / tiles k steps where it has more, w_part; the
+// backward's the first of each gate segment): 72 registers, all of
+// FlashRNN's point's share (forward 3 tiles x 6 k steps at S = 768, groups
+// of 64 CTAs; the LLTM's backward 1 tile x 3 segments x 6 k steps).
 constexpr int kMmaRegFragments = 18;
 
 // Bytes at the start of a persistent kernel's dynamic shared memory that
@@ -135,12 +136,14 @@ inline int w_place(const Split& s) { return !s.w_regs ? 0 : s.w_part ? 2 : 1; }
 
 // Whether a split that holds the MMA dot's A fragments (w_place 1 or 2 with
 // the MMA dot) is one the held kernels can run (persistent_dots.cuh's
-// hold_a / mma_dot_held): one B tile, one row a thread group, at most one
-// task a warp and, where all of it is held, no task with more k steps than
-// its fragments (the all-held kernel never reads A from shared memory, so
-// any step past them would be left out). The planner makes no other; the
-// launch checks it (against a plan from elsewhere: a trial, a cache).
-bool held_split_fits(const Split& s, bool backward, int64_t state, int elem);
+// hold_a / mma_dot_held, hold_a_seg / mma_dot_held_seg): one B tile, one
+// row a thread group, at most one task a warp, a k step of each of the
+// `gates` segments held (backward) and, where all of it is held, no task
+// with more k steps than its fragments (the all-held kernel never reads A
+// from shared memory, so any step past them would be left out). The
+// planner makes no other; the launch checks it (against a plan from
+// elsewhere: a trial, a cache).
+bool held_split_fits(const Split& s, bool backward, int gates, int64_t state, int elem);
 
 // The most tiles of A one MMA task takes with `ntiles` tiles of B (the
 // task's accumulators are 4 mstack ntiles floats a lane).
