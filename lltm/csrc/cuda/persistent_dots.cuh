@@ -438,18 +438,23 @@ __device__ __forceinline__ void mma_dot(const scalar_t* a, const scalar_t* b, in
   }
 }
 
-// ------------------------------------------- A held in registers (forward)
+// ---------------------------------------------------- A held in registers
 //
-// The forward's dot with one B tile (a chunk of at most 8 batch rows) where
-// every warp has at most one task (seq_plan.h; the planner's Split::w_regs
-// with the MMA dot): each warp loads the A fragments of its task's first
-// kMmaRegFragments / MS k steps once per launch (hold_a), and a step reads
-// from shared memory only B and the A fragments of the k steps past them,
-// not the CTA's whole slice of W_hh (74 KB a step at FlashRNN's point, all
-// of it held, where the port's 128 bytes a cycle bound the dot). The MMAs
-// and their order are those of mma_dot_tiles (one tile a task: four sets
-// round the k steps) and mma_dot_stacked (MS tiles): the same results bit
-// for bit.
+// The dot with one B tile (a chunk of at most 8 batch rows) where every
+// warp has at most one task (seq_plan.h; the planner's Split::w_regs with
+// the MMA dot): each warp loads the A fragments of its task's first k steps
+// once per launch (hold_a), and a step reads from shared memory only B and
+// the A fragments of the k steps past them, not the CTA's whole slice of
+// W_hh (74 KB a step at FlashRNN's point, all of it held, where the port's
+// 128 bytes a cycle bound the dot). The forward's products are one segment
+// (G = 1); the backward's are G gate segments, walked segment by segment
+// (mma_dot_tiles' kSegMajor: k steps [lo, hi) of each, before(segment)
+// first, so every warp starts on the first gate block of the reload), and
+// a warp holds the first KS = kMmaRegFragments / (MS G) k steps of its
+// share of every segment. The MMAs and their order are those of
+// mma_dot_tiles (one tile a task: four sets round the k steps, restarting
+// at each segment) and mma_dot_stacked (MS tiles): the same results bit for
+// bit.
 using HeldA = uint32_t[kMmaRegFragments][4];
 
 // The number of tasks of the held dot's plan (one B tile).
@@ -457,157 +462,23 @@ __device__ __forceinline__ int held_tasks(int mtiles, int mstack, int ksplit) {
   return mtiles / task_tiles(mstack, 1) * ksplit;
 }
 
-// Fragment (m, kk) of a task of MS tiles: MS rows of kMmaRegFragments / MS k steps.
-template <int MS>
-constexpr int held_index(int m, int kk) {
-  return m * (kMmaRegFragments / MS) + kk;
-}
-
-template <typename scalar_t, int MS>
-__device__ __forceinline__ void hold_a_ms(const MmaOperands& o, int ksteps, const WarpTask& first,
-                                          HeldA& held) {
-  constexpr int K = kMmaRegFragments / MS;
-  FragmentWalk walk = FragmentWalk::at(o, ksteps, first.seg, first.kin, first.at.m0);
-  const int nk = first.at.k1 - first.at.k0;
-#pragma unroll
-  for (int kk = 0; kk < K; ++kk) {
-    if (kk >= nk) break;
-#pragma unroll
-    for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(held[held_index<MS>(m, kk)], m);
-    walk.next();
-  }
-}
-
-// kPart: the task may have k steps past the held ones (a kernel of its
-// own: with that code in its path, the all-held dot ran 3% slower at
-// FlashRNN's point, even where every k step was held).
-template <typename scalar_t, int MS, bool kPart>
-__device__ __forceinline__ void mma_dot_held_ms(const MmaOperands& o, int ksteps, int mtiles,
-                                                const WarpTask& first, const HeldA& held, float* tile) {
-  constexpr int K = kMmaRegFragments / MS;
-  constexpr int kSets = MS == 1 ? 4 : 1;
-  FragmentWalk walk = FragmentWalk::at(o, ksteps, first.seg, first.kin, first.at.m0);
-  const int nk = first.at.k1 - first.at.k0;
-  float acc[kSets][MS][1][4];  // [set][tile][the one B tile][fragment]
-#pragma unroll
-  for (int h = 0; h < kSets; ++h) {
-#pragma unroll
-    for (int m = 0; m < MS; ++m) acc[h][m][0][0] = acc[h][m][0][1] = acc[h][m][0][2] = acc[h][m][0][3] = 0.f;
-  }
-  // k step kk of the held ones (kk a constant once unrolled).
-  auto held_step = [&](int kk) {
-    uint32_t bf[1][2];
-    walk.load_b<scalar_t, 1>(bf);
-#pragma unroll
-    for (int m = 0; m < MS; ++m)
-      mma_tile<scalar_t>(acc[kk % kSets][m][0], held[held_index<MS>(m, kk)], bf[0]);
-    walk.next();
-  };
-  if (!kPart || nk <= K) {
-#pragma unroll
-    for (int kk = 0; kk < K; ++kk) {
-      if (kk >= nk) break;
-      held_step(kk);
-    }
-  } else if constexpr (kPart) {
-#pragma unroll
-    for (int kk = 0; kk < K; ++kk) held_step(kk);
-    // The k steps past the held ones, A from shared memory; k step kk still
-    // goes to set kk % kSets, which is (K + h) % kSets here.
-    for (int kk = K; kk < nk; kk += kSets) {
-#pragma unroll
-      for (int h = 0; h < kSets; ++h) {
-        if (kk + h >= nk) break;
-        uint32_t af[MS][4], bf[1][2];
-        walk.load_b<scalar_t, 1>(bf);
-#pragma unroll
-        for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(af[m], m);
-#pragma unroll
-        for (int m = 0; m < MS; ++m) mma_tile<scalar_t>(acc[(K + h) % kSets][m][0], af[m], bf[0]);
-        walk.next();
-      }
-    }
-  }
-#pragma unroll
-  for (int h = 1; h < kSets; ++h) {
-#pragma unroll
-    for (int m = 0; m < MS; ++m) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[0][m][0][i] += acc[h][m][0][i];
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < MS; ++m) store_tile<1>(tile, first.at.slice, mtiles, first.at.m0 + m, acc[0][m]);
-}
-
-// Whether this warp has a task of the held dot: the warps past the plan's
-// tasks hold nothing and skip the dot (known once per launch).
-__device__ __forceinline__ bool holds_task(int mtiles, int mstack, int ksplit) {
-  return (threadIdx.x >> 5) < held_tasks(mtiles, mstack, ksplit);
-}
-
-// Loads this warp's A fragments of W_hh's slice `a` (rows `row` elements
-// apart, k = state) once per launch; only warps that hold a task call it.
-template <typename scalar_t>
-__device__ __forceinline__ void hold_a(const scalar_t* a, int row, int state, int mstack,
-                                       const WarpTask& first, HeldA& held) {
-  const int ksteps = mma_ksteps<scalar_t>(state);
-  const MmaOperands o = mma_operands(a, a, 0, row, 0, row);
-  switch (task_tiles(mstack, 1)) {  // once per launch: a jump table costs nothing here
-    case 4:
-      return hold_a_ms<scalar_t, 4>(o, ksteps, first, held);
-    case 3:
-      return hold_a_ms<scalar_t, 3>(o, ksteps, first, held);
-    case 2:
-      return hold_a_ms<scalar_t, 2>(o, ksteps, first, held);
-    default:
-      return hold_a_ms<scalar_t, 1>(o, ksteps, first, held);
-  }
-}
-
-// One step's products of the held fragments and of W_hh's slice `a` past
-// them against B = the exchanged rows `b` (both `row` elements a row),
-// into `tile` as mma_dot writes it; only warps that hold a task call it.
-// (Branches, not a switch: see mma_dot.)
-template <typename scalar_t, bool kPart>
-__device__ __forceinline__ void mma_dot_held(const scalar_t* a, const scalar_t* b, int row, int state,
-                                             int mtiles, int mstack, const WarpTask& first, const HeldA& held,
-                                             float* tile) {
-  const int ksteps = mma_ksteps<scalar_t>(state);
-  const MmaOperands o = mma_operands(a, b, 0, row, 0, row);
-  const int ms = task_tiles(mstack, 1);
-  if (ms == 3) return mma_dot_held_ms<scalar_t, 3, kPart>(o, ksteps, mtiles, first, held, tile);
-  if (ms == 2) return mma_dot_held_ms<scalar_t, 2, kPart>(o, ksteps, mtiles, first, held, tile);
-  if (ms == 4) return mma_dot_held_ms<scalar_t, 4, kPart>(o, ksteps, mtiles, first, held, tile);
-  mma_dot_held_ms<scalar_t, 1, kPart>(o, ksteps, mtiles, first, held, tile);
-}
-
-// ------------------------------ A held in registers (backward, segment-major)
-//
-// The backward's dot walks a task's k slice segment by segment (kSegMajor:
-// k steps [lo, hi) of each of the G gate segments, before(segment) first,
-// so that every warp starts on the first gate block of the reload). A warp
-// holds the first KS = kMmaRegFragments / (MS G) k steps of its share of
-// every segment; with kPart the rest of each share is read from shared
-// memory every step. The MMAs and their order are mma_dot_tiles' and
-// mma_dot_stacked's segment-major walks (the accumulator sets restart at
-// each segment): the same results bit for bit.
+// The k steps of each segment's share a task of MS tiles holds.
 template <int MS, int G>
-constexpr int seg_held_steps() {
+constexpr int held_steps() {
   return kMmaRegFragments / (MS * G);
 }
 
 // Fragment (segment, tile m, k step kk of the segment's share).
 template <int MS, int G>
-constexpr int held_seg_index(int seg, int m, int kk) {
-  return (seg * MS + m) * seg_held_steps<MS, G>() + kk;
+constexpr int held_index(int seg, int m, int kk) {
+  return (seg * MS + m) * held_steps<MS, G>() + kk;
 }
 
 template <typename scalar_t, int MS, int G>
-__device__ __forceinline__ void hold_a_seg_ms(const MmaOperands& o, int ksteps, const WarpTask& first,
-                                              HeldA& held) {
-  static_assert(seg_held_steps<MS, G>() >= 1, "a task of MS tiles holds no k step of each of G segments");
-  constexpr int KS = seg_held_steps<MS, G>();
+__device__ __forceinline__ void hold_a_ms(const MmaOperands& o, int ksteps, const WarpTask& first,
+                                          HeldA& held) {
+  static_assert(held_steps<MS, G>() >= 1, "a task of MS tiles holds no k step of each of G segments");
+  constexpr int KS = held_steps<MS, G>();
   const int nk = first.hi - first.lo;
 #pragma unroll
   for (int seg = 0; seg < G; ++seg) {
@@ -616,17 +487,20 @@ __device__ __forceinline__ void hold_a_seg_ms(const MmaOperands& o, int ksteps, 
     for (int kk = 0; kk < KS; ++kk) {
       if (kk >= nk) break;
 #pragma unroll
-      for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(held[held_seg_index<MS, G>(seg, m, kk)], m);
+      for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(held[held_index<MS, G>(seg, m, kk)], m);
       walk.next();
     }
   }
 }
 
+// kPart: the task may have k steps past the held ones (a kernel of its
+// own: with that code in its path, the all-held dot ran 3% slower at
+// FlashRNN's point, even where every k step was held).
 template <typename scalar_t, int MS, int G, bool kPart, typename Before>
-__device__ __forceinline__ void mma_dot_held_seg_ms(const MmaOperands& o, int ksteps, int mtiles,
-                                                    const WarpTask& first, const HeldA& held, float* tile,
-                                                    const Before& before) {
-  constexpr int KS = seg_held_steps<MS, G>();
+__device__ __forceinline__ void mma_dot_held_ms(const MmaOperands& o, int ksteps, int mtiles,
+                                                const WarpTask& first, const HeldA& held, float* tile,
+                                                const Before& before) {
+  constexpr int KS = held_steps<MS, G>();
   constexpr int kSets = MS == 1 ? 4 : 1;
   const int nk = first.hi - first.lo;
   float acc[kSets][MS][1][4];  // [set][tile][the one B tile][fragment]
@@ -644,7 +518,7 @@ __device__ __forceinline__ void mma_dot_held_seg_ms(const MmaOperands& o, int ks
       walk.load_b<scalar_t, 1>(bf);
 #pragma unroll
       for (int m = 0; m < MS; ++m)
-        mma_tile<scalar_t>(acc[kk % kSets][m][0], held[held_seg_index<MS, G>(seg, m, kk)], bf[0]);
+        mma_tile<scalar_t>(acc[kk % kSets][m][0], held[held_index<MS, G>(seg, m, kk)], bf[0]);
       walk.next();
     };
     if (!kPart || nk <= KS) {
@@ -656,7 +530,9 @@ __device__ __forceinline__ void mma_dot_held_seg_ms(const MmaOperands& o, int ks
     } else if constexpr (kPart) {
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk) held_step(kk);
-      for (int kk = KS; kk < nk; kk += kSets) {  // set (KS + h) % kSets, as in mma_dot_held_ms
+      // The k steps past the held ones, A from shared memory; k step kk still
+      // goes to set kk % kSets, which is (KS + h) % kSets here.
+      for (int kk = KS; kk < nk; kk += kSets) {
 #pragma unroll
         for (int h = 0; h < kSets; ++h) {
           if (kk + h >= nk) break;
@@ -683,48 +559,56 @@ __device__ __forceinline__ void mma_dot_held_seg_ms(const MmaOperands& o, int ks
   for (int m = 0; m < MS; ++m) store_tile<1>(tile, first.at.slice, mtiles, first.at.m0 + m, acc[0][m]);
 }
 
-// hold_a and mma_dot_held for the backward: W_hh^T's slice `a` (G segments
-// of `seg_rows` rows, `row` elements apart), B = the step's dzh rows (G
-// blocks of Bp rows); task tiles the planner leaves at most 18 / G.
+// Whether this warp has a task of the held dot: the warps past the plan's
+// tasks hold nothing and skip the dot (known once per launch).
+__device__ __forceinline__ bool holds_task(int mtiles, int mstack, int ksplit) {
+  return (threadIdx.x >> 5) < held_tasks(mtiles, mstack, ksplit);
+}
+
+// Loads this warp's A fragments of W_hh's slice `a` once per launch: G
+// segments of `seg_rows` rows (forward: one), rows `row` elements apart,
+// k = state; only warps that hold a task call it. Task tiles with no k step
+// of each segment to hold are never planned (seq_plan.cpp's mma_holds_a).
 template <typename scalar_t, int G>
-__device__ __forceinline__ void hold_a_seg(const scalar_t* a, int seg_rows, int row, int state, int mstack,
-                                           const WarpTask& first, HeldA& held) {
+__device__ __forceinline__ void hold_a(const scalar_t* a, int seg_rows, int row, int state, int mstack,
+                                       const WarpTask& first, HeldA& held) {
   const int ksteps = mma_ksteps<scalar_t>(state);
   const MmaOperands o = mma_operands(a, a, seg_rows, row, 0, row);
   const int ms = task_tiles(mstack, 1);
-  if constexpr (seg_held_steps<4, G>() >= 1) {
-    if (ms == 4) return hold_a_seg_ms<scalar_t, 4, G>(o, ksteps, first, held);
+  if constexpr (held_steps<4, G>() >= 1) {
+    if (ms == 4) return hold_a_ms<scalar_t, 4, G>(o, ksteps, first, held);
   }
-  if constexpr (seg_held_steps<3, G>() >= 1) {
-    if (ms == 3) return hold_a_seg_ms<scalar_t, 3, G>(o, ksteps, first, held);
+  if constexpr (held_steps<3, G>() >= 1) {
+    if (ms == 3) return hold_a_ms<scalar_t, 3, G>(o, ksteps, first, held);
   }
-  if constexpr (seg_held_steps<2, G>() >= 1) {
-    if (ms == 2) return hold_a_seg_ms<scalar_t, 2, G>(o, ksteps, first, held);
+  if constexpr (held_steps<2, G>() >= 1) {
+    if (ms == 2) return hold_a_ms<scalar_t, 2, G>(o, ksteps, first, held);
   }
-  hold_a_seg_ms<scalar_t, 1, G>(o, ksteps, first, held);
+  hold_a_ms<scalar_t, 1, G>(o, ksteps, first, held);
 }
 
-template <typename scalar_t, int G, bool kPart, typename Before>
-__device__ __forceinline__ void mma_dot_held_seg(const scalar_t* a, const scalar_t* b, int seg_rows,
-                                                 int b_seg, int row, int state, int mtiles, int mstack,
-                                                 const WarpTask& first, const HeldA& held, float* tile,
-                                                 const Before& before) {
+// One step's products of the held fragments and of W_hh's slice `a` past
+// them against B = the exchanged rows `b` (G blocks `b_seg` elements apart,
+// rows `row` elements apart), into `tile` as mma_dot writes it; only warps
+// that hold a task call it. (Branches, not a switch: see mma_dot.)
+template <typename scalar_t, int G, bool kPart, typename Before = NoWait>
+__device__ __forceinline__ void mma_dot_held(const scalar_t* a, const scalar_t* b, int seg_rows, int b_seg,
+                                             int row, int state, int mtiles, int mstack,
+                                             const WarpTask& first, const HeldA& held, float* tile,
+                                             const Before& before = Before{}) {
   const int ksteps = mma_ksteps<scalar_t>(state);
   const MmaOperands o = mma_operands(a, b, seg_rows, row, b_seg, row);
   const int ms = task_tiles(mstack, 1);
-  if constexpr (seg_held_steps<2, G>() >= 1) {
-    if (ms == 2)
-      return mma_dot_held_seg_ms<scalar_t, 2, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
+  if constexpr (held_steps<3, G>() >= 1) {
+    if (ms == 3) return mma_dot_held_ms<scalar_t, 3, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
   }
-  if constexpr (seg_held_steps<3, G>() >= 1) {
-    if (ms == 3)
-      return mma_dot_held_seg_ms<scalar_t, 3, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
+  if constexpr (held_steps<2, G>() >= 1) {
+    if (ms == 2) return mma_dot_held_ms<scalar_t, 2, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
   }
-  if constexpr (seg_held_steps<4, G>() >= 1) {
-    if (ms == 4)
-      return mma_dot_held_seg_ms<scalar_t, 4, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
+  if constexpr (held_steps<4, G>() >= 1) {
+    if (ms == 4) return mma_dot_held_ms<scalar_t, 4, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
   }
-  mma_dot_held_seg_ms<scalar_t, 1, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
+  mma_dot_held_ms<scalar_t, 1, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
 }
 
 // D[m][n] of mma_dot: its k slices added in order. Every slice's value is

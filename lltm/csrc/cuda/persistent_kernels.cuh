@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   [[maybe_unused]] bool holds = false;
   if constexpr (kHeldA) {
     holds = holds_task(p.mtiles, p.mstack, p.ksplit);
-    if (holds) hold_a<scalar_t>(w_s, row, S, p.mstack, task, held);
+    if (holds) hold_a<scalar_t, 1>(w_s, 0, row, S, p.mstack, task, held);
   }
   StepClocks clk;
   clk.start();
@@ -223,7 +223,8 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
     if constexpr (kMma) {  // every warp with a task: the CTA's G J x Bp products
       if constexpr (kHeldA) {
         if (holds)
-          mma_dot_held<scalar_t, kHeldPart>(w_s, h_cur, row, S, p.mtiles, p.mstack, task, held, tile);
+          mma_dot_held<scalar_t, 1, kHeldPart>(w_s, h_cur, 0, 0, row, S, p.mtiles, p.mstack, task, held,
+                                               tile);
       } else {
         mma_dot<scalar_t>(w_s, h_cur, 1, 0, row, 0, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, task, tile);
       }
@@ -371,7 +372,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   // dot from shared memory must add in the same order.
   constexpr bool kBlockWaits = kMma && !kCluster;
   // W_hh^T in registers: the FMA dot's chunks, or the MMA dot's A fragments
-  // (one B tile; persistent_dots.cuh's hold_a_seg), all or the first of each segment.
+  // (one B tile; persistent_dots.cuh's hold_a), all or the first of each segment.
   constexpr bool kFmaRegs = kRegW != 0 && !kMma, kHeldA = kRegW != 0 && kMma,
                  kHeldPart = kHeldA && kRegW == 2;
   static_assert(!kHeldA || NB == 1, "the held A fragments are one row a thread group's");
@@ -511,7 +512,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   [[maybe_unused]] bool holds = false;
   if constexpr (kHeldA) {
     holds = holds_task(p.mtiles, p.mstack, p.ksplit);
-    if (holds) hold_a_seg<scalar_t, G>(wt_s, J, row, S, p.mstack, task, held);
+    if (holds) hold_a<scalar_t, G>(wt_s, J, row, S, p.mstack, task, held);
   }
   StepClocks clk;
   clk.start();
@@ -585,23 +586,17 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
     // d h_{t-1}[b, j] += sum_g sum_k dzh_t[b, g S + k] W_hh[g S + k, j]
     const scalar_t* x_cur = ex.view(parity);
     if constexpr (kMma) {  // every warp with a task: the CTA's J x Bp products over G k segments
+      // Before each gate segment: the grid's wait for its reloaded block (the cluster's are all there).
+      const auto wait_gate = [&]([[maybe_unused]] int gate) {
+        if constexpr (kBlockWaits) ex.wait_block(gate, n);
+      };
       if constexpr (kHeldA) {
-        if (holds) {
-          if constexpr (kBlockWaits) {
-            mma_dot_held_seg<scalar_t, G, kHeldPart>(wt_s, x_cur, J, Bp * row, row, S, p.mtiles, p.mstack,
-                                                     task, held, tile,
-                                                     [&](int gate) { ex.wait_block(gate, n); });
-          } else {
-            mma_dot_held_seg<scalar_t, G, kHeldPart>(wt_s, x_cur, J, Bp * row, row, S, p.mtiles, p.mstack,
-                                                     task, held, tile, NoWait{});
-          }
-        }
-      } else if constexpr (kBlockWaits) {
-        mma_dot<scalar_t, true>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, p.mstack, Bp / 8,
-                                p.ksplit, task, tile, [&](int gate) { ex.wait_block(gate, n); });
+        if (holds)
+          mma_dot_held<scalar_t, G, kHeldPart>(wt_s, x_cur, J, Bp * row, row, S, p.mtiles, p.mstack, task,
+                                               held, tile, wait_gate);
       } else {
         mma_dot<scalar_t, true>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, p.mstack, Bp / 8,
-                                p.ksplit, task, tile);
+                                p.ksplit, task, tile, wait_gate);
       }
       __syncthreads();
       clk.mark(4);

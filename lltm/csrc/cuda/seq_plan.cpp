@@ -146,10 +146,10 @@ int64_t mma_held_steps(const Problem& p, const Split& s) {
 }
 
 // Whether each warp of an MMA split holds A fragments in registers
-// (persistent_dots.cuh's hold_a, hold_a_seg): half types with one B tile
-// and one row a thread group (the kernels built for it), at most one task
-// a warp (of mstack tiles: the kernels' task_tiles, as split_for never
-// plans more than mma_stack_max) and a k step of every segment held. The
+// (persistent_dots.cuh's hold_a): half types with one B tile and one row
+// a thread group (the kernels built for it), at most one task a warp (of
+// mstack tiles: the kernels' task_tiles, as split_for never plans more
+// than mma_stack_max) and a k step of every segment held. The
 // same MMAs in the same order as from shared memory.
 bool mma_holds_a(const Problem& p, const Split& s) {
   const int64_t tasks = s.mtiles / s.mstack * s.ksplit;

@@ -136,13 +136,12 @@ inline int w_place(const Split& s) { return !s.w_regs ? 0 : s.w_part ? 2 : 1; }
 
 // Whether a split that holds the MMA dot's A fragments (w_place 1 or 2 with
 // the MMA dot) is one the held kernels can run (persistent_dots.cuh's
-// hold_a / mma_dot_held, hold_a_seg / mma_dot_held_seg): one B tile, one
-// row a thread group, at most one task a warp, a k step of each of the
-// `gates` segments held (backward) and, where all of it is held, no task
-// with more k steps than its fragments (the all-held kernel never reads A
-// from shared memory, so any step past them would be left out). The
-// planner makes no other; the launch checks it (against a plan from
-// elsewhere: a trial, a cache).
+// hold_a / mma_dot_held): one B tile, one row a thread group, at most one
+// task a warp, a k step of each of the `gates` segments held (backward)
+// and, where all of it is held, no task with more k steps than its
+// fragments (the all-held kernel never reads A from shared memory, so any
+// step past them would be left out). The planner makes no other; the
+// launch checks it (against a plan from elsewhere: a trial, a cache).
 bool held_split_fits(const Split& s, bool backward, int gates, int64_t state, int elem);
 
 // The most tiles of A one MMA task takes with `ntiles` tiles of B (the
