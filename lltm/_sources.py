@@ -102,6 +102,11 @@ def openmp_flags() -> list[str]:
 
 def cxx_flags(with_cuda: bool, debug: bool) -> list[str]:
     flags = ["-O0", "-g"] if debug else ["-O3"]
+    if sys.platform != "win32":
+        # torch's vectorised CPU headers carry nvcc's `#pragma unroll` and
+        # clang's diagnostic pragmas, which -Wall has GCC report at every
+        # include (torch builds itself with this flag too)
+        flags.append("-Wno-unknown-pragmas")
     flags += openmp_flags()
     flags.append(_registry.compiled_define())
     if with_cuda:
