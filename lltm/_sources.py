@@ -105,8 +105,11 @@ def cxx_flags(with_cuda: bool, debug: bool) -> list[str]:
     if sys.platform != "win32":
         # torch's vectorised CPU headers carry nvcc's `#pragma unroll` and
         # clang's diagnostic pragmas, which -Wall has GCC report at every
-        # include (torch builds itself with this flag too)
-        flags.append("-Wno-unknown-pragmas")
+        # include (torch builds itself with this flag too); and the
+        # per-capability files pass and return its vector types in AVX
+        # registers, which GCC notes as an ABI change (they live in the
+        # capability's namespace, called only by code built for it)
+        flags += ["-Wno-unknown-pragmas", "-Wno-psabi"]
     flags += openmp_flags()
     flags.append(_registry.compiled_define())
     if with_cuda:

@@ -20,8 +20,4 @@
 #endif
 #define CPU_CAPABILITY AVX2
 #define CPU_CAPABILITY_AVX2
-// torch's vector types return AVX2 registers from functions now compiled
-// for AVX2, which g++ notes as an ABI change (they live in the
-// capability's namespace, called only by code built for it)
-#pragma GCC diagnostic ignored "-Wpsabi"
 #endif

@@ -21,10 +21,6 @@
 #endif
 #define CPU_CAPABILITY AVX512
 #define CPU_CAPABILITY_AVX512
-// torch's vector types return AVX512 registers from functions now compiled
-// for AVX512, which g++ notes as an ABI change (they live in the
-// capability's namespace, called only by code built for it)
-#pragma GCC diagnostic ignored "-Wpsabi"
 // GCC 12's avx512fintrin.h starts its undefined vectors as `__m512 __Y =
 // __Y;`, which -Wall reports at every intrinsic inlined here (thousands of
 // lines of a build's log; GCC bug 105593, fixed in GCC 13).
