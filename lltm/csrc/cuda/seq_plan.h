@@ -82,9 +82,9 @@ constexpr int reg_chunks(int gates) { return 24 / gates; }
 // backward's the first of each gate segment): 72 registers, all of
 // FlashRNN's point's share (forward 3 tiles x 6 k steps at S = 768, groups
 // of 64 CTAs; the LLTM's backward 1 tile x 3 segments x 6 k steps). The
-// LSTM's backward holds 4 of its 4 x 6 there: all 24 ran 2% slower, and
-// the LLTM's backward with 4 of 6 held 1% slower than with all
-// (docs/benchmarks-history.md, section 49).
+// LSTM's backward holds 4 of each gate segment's 6 k steps there (16
+// fragments): holding all 24 ran 2% slower, and the LLTM's backward with 4
+// of 6 held 1% slower than with all 6 (docs/benchmarks-history.md, section 49).
 constexpr int kMmaRegFragments = 18;
 
 // Bytes at the start of a persistent kernel's dynamic shared memory that
