@@ -201,6 +201,12 @@ struct ClusterExchange {
       }
       // The initialisation is complete before any use, this thread's arming included.
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    // Orders nothing thread 0's program order does not; racecheck counts the
+    // initialisation as a write of the whole warp and, without this,
+    // reports every arm as a warp-level hazard.
+    __syncwarp();
+    if (threadIdx.x == 0) {
       for (int q = 0; q < 2; ++q) arm(bars + 8 * q);
     }
     cluster_barrier();
