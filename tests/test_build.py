@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
 import pytest
 from torch.utils import cpp_extension
@@ -69,3 +71,21 @@ def test_nvcc_release_and_the_multicast_advisory_flag(tmp_path, monkeypatch, ban
         assert (flag in _sources.nvcc_flags(False)) == (release is not None and release >= (12, 8))
     finally:
         _sources.nvcc_release.cache_clear()
+
+
+def test_grid_exchange_probe_compiles(tmp_path):
+    """scripts/grid_exchange_probe.cu, the measurement behind the grid exchange's protocol
+    (docs/benchmarks-history.md, section 50), still compiles for sm_90 with the toolkit's nvcc, so
+    a rerun on a GPU does not start with a repair."""
+    nvcc = shutil.which("nvcc") or (
+        os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc") if cpp_extension.CUDA_HOME else None
+    )
+    if not nvcc or not os.access(nvcc, os.X_OK):
+        pytest.skip("no nvcc")
+    probe = os.path.join(os.path.dirname(__file__), "..", "scripts", "grid_exchange_probe.cu")
+    done = subprocess.run(
+        [nvcc, "-arch=sm_90", "-O3", "-std=c++17", "-c", probe, "-o", str(tmp_path / "probe.o")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -1,0 +1,333 @@
+// What one step of the grid exchange costs without the step's work, and what
+// other protocols would cost: G CTAs (one an SM), each owning 768 / G columns
+// of a 16 x 776 fp16 matrix in L2 (h_t at FlashRNN's point, B = 16, S = 768,
+// rows padded as the kernels pad them; the kernels' chunks there reload 8 rows
+// each), publish their slice and reload the whole matrix into shared memory
+// every step, as lltm/csrc/cuda/persistent_exchange.cuh's GridExchange does
+// (sm_90).
+//
+//   nvcc -arch=sm_90 -O3 -std=c++17 -o /tmp/grid_exchange_probe scripts/grid_exchange_probe.cu
+//   /tmp/grid_exchange_probe
+//
+// Prints ns per step (CTA 0's global timer over the steps after the first
+// 100) for each protocol, G = 64 and 128, with no work between exchanges and
+// with ~1,700 cycles of it (a step's dot and cell math at that point), and
+// for the kernels' protocol the leader's cycles in its release, its poll and
+// its wait for the copy. Every reload is checked (a sample of each step's
+// elements against the value its producer wrote). Results and what they
+// decided: docs/benchmarks-history.md, section 50.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+namespace {
+
+constexpr int kRows = 16, kRow = 776, kCols = 768, kThreads = 256;
+constexpr int kBlockBytes = kRows * kRow * 2;  // the whole matrix, padding columns included
+constexpr int kColsBytes = kRows * kCols * 2;  // without them (the band copies' total)
+constexpr int kCounterStride = 32;             // words between band counters: one 128-byte line each
+
+enum Protocol {
+  kBarrierOnly,      // arrival counter, one poller, no copy: the grid barrier alone
+  kCounterCopy,      // the kernels': counter, the leader polls, one bulk copy of the matrix
+  kStaggered,        // counter, `pollers` threads poll `stagger` ns apart; the first to see it copies
+  kSeparateRelease,  // counter, another thread releases, so the leader's poll starts at once
+  kFlags,            // a flag per producer (st.release), one warp polls them all, one copy
+  kFlagBands,        // flags; each band of producers' columns copied as soon as its flags are in
+  kCounterBands,     // a counter per band of producers; each band copied as soon as its count is in
+};
+
+struct Args {
+  uint16_t* x;                // [2][kRows][kRow]: both parities
+  unsigned* counters;         // [bands][kCounterStride]
+  unsigned* flags;            // [G]
+  unsigned* errors;           // elements whose reload was wrong
+  unsigned long long* times;  // CTA 0's timer after step 100 and at the end
+  long long* leader_cycles;   // kCounterCopy: release, poll, copy wait (sums)
+  int steps, work, pollers, stagger, bands, relaxed;
+};
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Whether *p has reached target: an acquire load, or (relaxed) a relaxed load
+// and, once it has, an acquire fence.
+__device__ __forceinline__ bool reached(const unsigned* p, unsigned target, bool relaxed) {
+  if (!relaxed) return static_cast<int>(load_acquire(p) - target) >= 0;
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  if (static_cast<int>(v - target) < 0) return false;
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+  return true;
+}
+
+__device__ __forceinline__ void release_add(unsigned* p) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
+}
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void wait_phase(uint32_t bar, uint32_t phase) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_loop:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_loop;\n}\n" ::"r"(bar),
+      "r"(phase)
+      : "memory");
+}
+
+// The mbarrier's one arrival of a phase, expecting `bytes` from copies.
+__device__ __forceinline__ void arm(uint32_t bar, uint32_t bytes) {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// The copy engine's reads after this thread's acquire: once before each group of copies.
+__device__ __forceinline__ void async_proxy_fence() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_address(dst)),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+__device__ __forceinline__ unsigned long long timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Each band's columns, row by row (bulk copies are contiguous), onto `bar`.
+__device__ void copy_band(uint16_t* local, const uint16_t* x, int band, int band_cols, uint32_t bar) {
+  async_proxy_fence();
+  for (int r = 0; r < kRows; ++r) {
+    const int at = r * kRow + band * band_cols;
+    bulk_copy(local + at, x + at, band_cols * 2, bar);
+  }
+}
+
+template <Protocol P>
+__global__ void __launch_bounds__(kThreads, 1) probe(Args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  int* claimed = reinterpret_cast<int*>(smem + 8);  // kStaggered: the last step whose copy was issued
+  uint16_t* local = reinterpret_cast<uint16_t*>(smem + 128);
+  const uint32_t bar = smem_address(smem);
+  const int G = gridDim.x, cta = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int units = kCols / G, per_band = G / a.bands, band_cols = per_band * units;
+  const bool leader = tid == kThreads - 1, last_warp = warp == kThreads / 32 - 1;
+  if (tid == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+    *claimed = -1;
+  }
+  __syncthreads();
+  unsigned errors = 0;
+  long long cycles[3] = {};
+  for (int n = 0; n < a.steps; ++n) {
+    if (a.work > 0) {  // the step's work, a little longer in some CTAs
+      const long long t0 = clock64();
+      while (clock64() - t0 < a.work + cta * 37 % 200) {
+      }
+    }
+    if (n == 100 && cta == 0 && tid == 0) a.times[0] = timer_ns();
+    uint16_t* x = a.x + (n & 1) * kRows * kRow;
+    if (tid < kRows * units)
+      x[tid / units * kRow + cta * units + tid % units] = uint16_t(n * 7 + cta + tid / units);
+    __syncthreads();
+    const long long c0 = clock64();
+    const unsigned target = unsigned(n + 1) * unsigned(G);
+    const uint32_t phase = n & 1;
+    if constexpr (P == kFlags || P == kFlagBands) {
+      if (leader)
+        asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(a.flags + cta), "r"(n + 1) : "memory");
+    } else if constexpr (P == kCounterBands) {
+      if (leader) release_add(a.counters + cta / per_band * kCounterStride);
+    } else if constexpr (P == kSeparateRelease) {
+      if (tid == kThreads - 33) release_add(a.counters);
+    } else {
+      if (leader) release_add(a.counters);
+    }
+
+    if constexpr (P == kBarrierOnly) {
+      if (leader) {
+        while (!reached(a.counters, target, a.relaxed)) {
+        }
+      }
+      __syncthreads();
+    } else if constexpr (P == kCounterCopy || P == kSeparateRelease) {
+      if (leader) {
+        const long long c1 = clock64();
+        while (!reached(a.counters, target, a.relaxed)) {
+        }
+        const long long c2 = clock64();
+        async_proxy_fence();
+        arm(bar, kBlockBytes);
+        bulk_copy(local, x, kBlockBytes, bar);
+        if (n >= 100) cycles[0] += c1 - c0, cycles[1] += c2 - c1;
+      }
+      const long long c3 = clock64();
+      wait_phase(bar, phase);
+      if (leader && n >= 100) cycles[2] += clock64() - c3;
+    } else if constexpr (P == kStaggered) {
+      const int k = kThreads / 32 - 1 - warp;  // poller k: lane 31 of the k-th warp from the last
+      if (lane == 31 && k < a.pollers) {
+        if (k > 0) __nanosleep(k * a.stagger);
+        const volatile int* done = claimed;
+        while (*done < n) {
+          if (reached(a.counters, target, a.relaxed)) {
+            if (atomicMax(claimed, n) < n) {
+              async_proxy_fence();
+              arm(bar, kBlockBytes);
+              bulk_copy(local, x, kBlockBytes, bar);
+            }
+            break;
+          }
+        }
+      }
+      wait_phase(bar, phase);
+    } else if constexpr (P == kFlags || P == kFlagBands) {
+      if (last_warp) {  // lane l polls producers l and l + 32 (G <= 64)
+        if (lane == 31) arm(bar, P == kFlags ? kBlockBytes : kColsBytes);
+        bool in0 = lane >= G, in1 = lane + 32 >= G;
+        unsigned issued = 0;
+        const unsigned all = (1u << a.bands) - 1;
+        while (issued != all) {
+          if (!in0) in0 = reached(a.flags + lane, n + 1, a.relaxed);
+          if (!in1) in1 = reached(a.flags + lane + 32, n + 1, a.relaxed);
+          const unsigned long long in =
+              __ballot_sync(~0u, in0) | static_cast<unsigned long long>(__ballot_sync(~0u, in1)) << 32;
+          for (int band = 0; band < a.bands; ++band) {
+            const unsigned long long need = (per_band == 64 ? ~0ull : (1ull << per_band) - 1)
+                                            << (band * per_band);
+            if ((issued >> band & 1u) || (in & need) != need) continue;
+            issued |= 1u << band;
+            if (lane != 31) continue;
+            if (P == kFlags) {
+              async_proxy_fence();
+              bulk_copy(local, x, kBlockBytes, bar);
+            } else {
+              copy_band(local, x, band, band_cols, bar);
+            }
+          }
+        }
+      }
+      wait_phase(bar, phase);
+    } else if constexpr (P == kCounterBands) {
+      if (last_warp) {  // lane b polls band b's counter and copies the band
+        if (lane == 31) arm(bar, kColsBytes);
+        __syncwarp();
+        bool in = lane >= a.bands;
+        while (!__all_sync(~0u, in)) {
+          if (!in && reached(a.counters + lane * kCounterStride, unsigned(n + 1) * per_band, a.relaxed)) {
+            in = true;
+            copy_band(local, x, lane, band_cols, bar);
+          }
+        }
+      }
+      wait_phase(bar, phase);
+    }
+    if constexpr (P != kBarrierOnly) {  // a sample of the reload against what its producers wrote
+      for (int e = tid; e < kRows * kCols; e += kThreads * 7) {
+        const int r = e / kCols, col = e % kCols;
+        if (local[r * kRow + col] != uint16_t(n * 7 + col / units + r)) ++errors;
+      }
+    }
+    __syncthreads();  // every read of `local` before the next copy
+  }
+  if (cta == 0 && tid == 0) a.times[1] = timer_ns();
+  if (errors) atomicAdd(a.errors, errors);
+  if (cta == 0 && leader) {
+    for (int i = 0; i < 3; ++i) a.leader_cycles[i] = cycles[i];
+  }
+}
+
+struct Case {
+  int G, work, pollers = 1, stagger = 0, bands = 1, relaxed = 0;
+};
+
+template <Protocol P>
+void run(const char* name, const Case& c) {
+  constexpr int kSteps = 4000;
+  Args a{};
+  cudaMalloc(&a.x, 2 * kBlockBytes);
+  cudaMalloc(&a.counters, 8 * kCounterStride * 4);
+  cudaMalloc(&a.flags, 4 * 128);
+  cudaMalloc(&a.errors, 4);
+  cudaMalloc(&a.times, 16);
+  cudaMalloc(&a.leader_cycles, 24);
+  cudaMemset(a.x, 0, 2 * kBlockBytes);
+  cudaMemset(a.counters, 0, 8 * kCounterStride * 4);
+  cudaMemset(a.flags, 0, 4 * 128);
+  cudaMemset(a.errors, 0, 4);
+  cudaMemset(a.leader_cycles, 0, 24);
+  a.steps = kSteps;
+  a.work = c.work;
+  a.pollers = c.pollers;
+  a.stagger = c.stagger;
+  a.bands = c.bands;
+  a.relaxed = c.relaxed;
+  const int smem = 128 + kBlockBytes + 100 * 1024;  // more than half an SM's: one CTA an SM
+  cudaFuncSetAttribute(probe<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  printf("%-34s G=%3d work=%4d pollers=%d stagger=%3d bands=%d relaxed=%d: ", name, c.G, c.work, c.pollers,
+         c.stagger, c.bands, c.relaxed);
+  probe<P><<<c.G, kThreads, smem>>>(a);
+  const auto start = std::chrono::steady_clock::now();
+  while (cudaStreamQuery(nullptr) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5)) {
+      printf("no progress in 5 s: a protocol that hangs\n");
+      std::exit(1);
+    }
+  }
+  const cudaError_t status = cudaDeviceSynchronize();
+  unsigned long long t[2];
+  long long cycles[3];
+  unsigned errors = 0;
+  cudaMemcpy(t, a.times, 16, cudaMemcpyDeviceToHost);
+  cudaMemcpy(cycles, a.leader_cycles, 24, cudaMemcpyDeviceToHost);
+  cudaMemcpy(&errors, a.errors, 4, cudaMemcpyDeviceToHost);
+  printf("%7.1f ns/step, %u wrong", double(t[1] - t[0]) / (kSteps - 100), errors);
+  if (P == kCounterCopy || P == kSeparateRelease) {
+    const int n = kSteps - 100;
+    printf("; leader's cycles: release %lld, poll %lld, copy %lld", cycles[0] / n, cycles[1] / n,
+           cycles[2] / n);
+  }
+  printf(" %s\n", status == cudaSuccess ? "" : cudaGetErrorString(status));
+  cudaFree(a.x);
+  cudaFree(a.counters);
+  cudaFree(a.flags);
+  cudaFree(a.errors);
+  cudaFree(a.times);
+  cudaFree(a.leader_cycles);
+}
+
+}  // namespace
+
+int main() {
+  setvbuf(stdout, nullptr, _IONBF, 0);
+  for (int G : {64, 128}) {
+    for (int work : {0, 1700}) {
+      run<kBarrierOnly>("counter, no copy", {G, work});
+      run<kCounterCopy>("counter + bulk copy (the kernels')", {G, work});
+      run<kCounterCopy>("counter, relaxed polls + fence", {G, work, 1, 0, 1, 1});
+      run<kSeparateRelease>("another thread releases", {G, work});
+      for (int pollers : {2, 4, 8}) run<kStaggered>("staggered pollers", {G, work, pollers, 400 / pollers});
+      for (int stagger : {100, 300}) run<kStaggered>("staggered pollers", {G, work, 2, stagger});
+      if (G <= 64) {
+        run<kFlags>("a flag per producer, one copy", {G, work});
+        for (int bands : {2, 4}) run<kFlagBands>("flags, band copies", {G, work, 1, 0, bands});
+      }
+      for (int bands : {2, 4, 8}) run<kCounterBands>("band counters, band copies", {G, work, 1, 0, bands});
+    }
+  }
+  return 0;
+}
