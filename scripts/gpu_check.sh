@@ -137,16 +137,14 @@ for stage in "${stages[@]}"; do
         "$SANITIZER" --tool memcheck --error-exitcode 3 --print-limit 20 \
         "$PYTHON" -m pytest tests/test_cuda.py -q -p no:cacheprovider -k "$k"
       grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -n 3 | sed 's/^/          /' | tee -a "$SUMMARY"
-      # the sequence kernels (every time loop): memcheck and racecheck
-      kseq=${SANITIZE_SEQ_K:-"(test_paths_match_reference and not 1024 and not 300x) or test_cluster_sizes or test_grid_group_sizes or test_paths_write_every_output or test_loop_replays_its_graph"}
-      # (multicast: memcheck only; racecheck's run of its tests reports cuBLAS's
-      # own nvjet GEMMs of the half types, docs/benchmarks-history.md section 25)
+      # the sequence kernels (every time loop, the multicast reloads, held A fragments in clusters):
+      # memcheck and racecheck. cuBLAS's own nvjet GEMMs are left out: racecheck reports hazards in
+      # their split-k kernels of the half types (docs/benchmarks-history.md, section 25), not ours.
+      kseq=${SANITIZE_SEQ_K:-"(test_paths_match_reference and not 1024 and not 300x) or test_cluster_sizes or test_grid_group_sizes or test_paths_write_every_output or test_loop_replays_its_graph or (test_grid_multicast and not bad) or (holds_w and cluster)"}
       for tool in memcheck racecheck; do
-        k=$kseq
-        if [ "$tool" = memcheck ]; then k="$kseq or (test_grid_multicast and not bad)"; fi
         run_stage sanitize "${SANITIZE_LIMIT:-420}" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-          "$SANITIZER" --tool "$tool" --error-exitcode 3 --print-limit 20 \
-          "$PYTHON" -m pytest tests/test_seq_paths.py -q -p no:cacheprovider -k "$k"
+          "$SANITIZER" --tool "$tool" --kernel-name-exclude kns=nvjet --error-exitcode 3 --print-limit 20 \
+          "$PYTHON" -m pytest tests/test_seq_paths.py -q -p no:cacheprovider -k "$kseq"
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -n 2 \
           | sed "s/^/          $tool: /" | tee -a "$SUMMARY"
       done
@@ -171,11 +169,13 @@ for stage in "${stages[@]}"; do
       grep -E "^(\||fused|auto)" "$OUT/cellsweep.log" >>"$SUMMARY"
       ;;
     sanitizecells)
-      # the seam's cells in every CUDA time loop: memcheck and racecheck
+      # the seam's cells in every CUDA time loop: memcheck and racecheck. (racecheck itself fails,
+      # "failed to handle a hardware exception", on the LSTM's part-held fp16 backward of
+      # test_holds_w_in_registers's 768/64 case, 249-251 registers a thread; memcheck passes it.)
       kcells=${SANITIZE_CELLS_K:-"test_cuda_paths_match_reference and (7x5x3x17 or 3x1x4x1 or 5x33x8x70)"}
       for tool in memcheck racecheck; do
         run_stage sanitizecells "${SANITIZE_LIMIT:-420}" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-          "$SANITIZER" --tool "$tool" --error-exitcode 3 --print-limit 20 \
+          "$SANITIZER" --tool "$tool" --kernel-name-exclude kns=nvjet --error-exitcode 3 --print-limit 20 \
           "$PYTHON" -m pytest tests/test_cells.py -q -p no:cacheprovider -k "$kcells"
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitizecells.log" | tail -n 2 \
           | sed "s/^/          $tool: /" | tee -a "$SUMMARY"
