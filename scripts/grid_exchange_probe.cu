@@ -14,7 +14,9 @@
 // with ~1,700 cycles of it (a step's dot and cell math at that point), and
 // for the kernels' protocol the leader's cycles in its release, its poll and
 // its wait for the copy. Every reload is checked (a sample of each step's
-// elements against the value its producer wrote). Results and what they
+// elements against the value its producer wrote). Last, the same exchange
+// inside clusters of 8 and 16 CTAs through DSMEM (the cluster path's
+// protocol), 8 and 16 rows, one or two clusters. Results and what they
 // decided: docs/benchmarks-history.md, section 50.
 #include <cuda_runtime.h>
 
@@ -48,6 +50,7 @@ struct Args {
   unsigned long long* times;  // CTA 0's timer after step 100 and at the end
   long long* leader_cycles;   // kCounterCopy: release, poll, copy wait (sums)
   int steps, work, pollers, stagger, bands, relaxed;
+  int rows;  // cluster_probe: the rows exchanged (kRows at most)
 };
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
@@ -251,6 +254,120 @@ __global__ void __launch_bounds__(kThreads, 1) probe(Args a) {
   }
 }
 
+// The cluster's exchange, for comparison (ClusterExchange, sm_90): each CTA of
+// a cluster stores its columns of every row into every other CTA's shared
+// memory (st.async, 16 bytes a store), each store completing its bytes on the
+// receiver's mbarrier of the step's parity. Nothing goes through L2; a
+// cluster holds at most 16 CTAs (non-portable size), so W_hh must fit in
+// them.
+__global__ void __launch_bounds__(kThreads, 1) cluster_probe(Args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t bars = smem_address(smem);                   // parity 0's mbarrier, then parity 1's
+  uint16_t* local = reinterpret_cast<uint16_t*>(smem + 128);  // [2][kRows][kRow]
+  unsigned rank, ctas;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(ctas));
+  const int tid = threadIdx.x, units = kCols / static_cast<int>(ctas), chunks = units * 2 / 16;
+  const uint32_t expected = (ctas - 1) * a.rows * units * 2;  // bytes into this CTA a step
+  if (tid == 0) {
+    for (int q = 0; q < 2; ++q)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + 8 * q) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncwarp();
+  if (tid == 0) {
+    for (int q = 0; q < 2; ++q) arm(bars + 8 * q, expected);
+  }
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+  unsigned errors = 0;
+  for (int n = 0; n < a.steps; ++n) {
+    if (a.work > 0) {
+      const long long t0 = clock64();
+      while (clock64() - t0 < a.work + blockIdx.x * 37 % 200) {
+      }
+    }
+    if (n == 100 && blockIdx.x == 0 && tid == 0) a.times[0] = timer_ns();
+    const int p = n & 1;
+    uint16_t* mine = local + p * kRows * kRow;
+    for (int e = tid; e < a.rows * units; e += kThreads)
+      mine[e / units * kRow + rank * units + e % units] = uint16_t(n * 7 + rank + e / units);
+    __syncthreads();
+    const int items = a.rows * chunks;
+    for (int e = tid; e < items * (static_cast<int>(ctas) - 1); e += kThreads) {
+      const int other = e / items, item = e % items;
+      const int peer = other + (other >= static_cast<int>(rank));  // every CTA but this one
+      const uint32_t src = smem_address(mine + item / chunks * kRow + rank * units) + item % chunks * 16;
+      uint32_t dst, bar, v0, v1, v2, v3;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(dst) : "r"(src), "r"(peer));
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(bar) : "r"(bars + 8 * p), "r"(peer));
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                   : "r"(src)
+                   : "memory");
+      asm volatile(
+          "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::
+              "r"(dst),
+          "r"(v0), "r"(v1), "r"(v2), "r"(v3), "r"(bar)
+          : "memory");
+    }
+    // Exchange n completes phase n / 2 of its parity's mbarrier; thread 0 arms the next.
+    wait_phase(bars + 8 * p, (n >> 1) & 1);
+    if (tid == 0) arm(bars + 8 * p, expected);
+    for (int e = tid; e < a.rows * kCols; e += kThreads * 7) {
+      const int r = e / kCols, col = e % kCols;
+      if (mine[r * kRow + col] != uint16_t(n * 7 + col / units + r)) ++errors;
+    }
+    __syncthreads();  // every read of this parity before exchange n + 2 can land in it
+  }
+  if (blockIdx.x == 0 && tid == 0) a.times[1] = timer_ns();
+  if (errors) atomicAdd(a.errors, errors);
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// `clusters` clusters of `size` CTAs, `rows` rows.
+void run_cluster(int size, int clusters, int rows, int work) {
+  constexpr int kSteps = 4000;
+  Args a{};
+  cudaMalloc(&a.errors, 4);
+  cudaMalloc(&a.times, 16);
+  cudaMemset(a.errors, 0, 4);
+  a.steps = kSteps;
+  a.work = work;
+  a.rows = rows;
+  const int smem = 128 + 2 * kBlockBytes + 80 * 1024;  // more than half an SM's: one CTA an SM
+  cudaFuncSetAttribute(cluster_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaFuncSetAttribute(cluster_probe, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(size * clusters);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = size;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  printf("%-34s C=%3d x %d rows=%2d work=%4d: ", "cluster exchange (DSMEM)", size, clusters, rows, work);
+  const cudaError_t launched = cudaLaunchKernelEx(&config, cluster_probe, a);
+  const auto start = std::chrono::steady_clock::now();
+  while (launched == cudaSuccess && cudaStreamQuery(nullptr) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5)) {
+      printf("no progress in 5 s: a protocol that hangs\n");
+      std::exit(1);
+    }
+  }
+  const cudaError_t status = launched != cudaSuccess ? launched : cudaDeviceSynchronize();
+  unsigned long long t[2] = {};
+  unsigned errors = 0;
+  cudaMemcpy(t, a.times, 16, cudaMemcpyDeviceToHost);
+  cudaMemcpy(&errors, a.errors, 4, cudaMemcpyDeviceToHost);
+  printf("%7.1f ns/step, %u wrong %s\n", double(t[1] - t[0]) / (kSteps - 100), errors,
+         status == cudaSuccess ? "" : cudaGetErrorString(status));
+  cudaFree(a.errors);
+  cudaFree(a.times);
+}
+
 struct Case {
   int G, work, pollers = 1, stagger = 0, bands = 1, relaxed = 0;
 };
@@ -327,6 +444,13 @@ int main() {
         for (int bands : {2, 4}) run<kFlagBands>("flags, band copies", {G, work, 1, 0, bands});
       }
       for (int bands : {2, 4, 8}) run<kCounterBands>("band counters, band copies", {G, work, 1, 0, bands});
+    }
+  }
+  for (int work : {0, 1700}) {
+    for (int rows : {8, 16}) {
+      for (int size : {8, 16}) {
+        for (int clusters : {1, 2}) run_cluster(size, clusters, rows, work);
+      }
     }
   }
   return 0;
