@@ -25,7 +25,13 @@
 #include <cstdio>
 #include <cstdlib>
 
+// The kernels' own PTX (acquire and release, mbarriers, bulk copies, DSMEM
+// stores), so the probe times the instructions the exchange runs.
+#include "../lltm/csrc/cuda/ptx_sync.cuh"
+
 namespace {
+
+using namespace lltm::cuda_detail;
 
 constexpr int kRows = 16, kRow = 776, kCols = 768, kThreads = 256;
 constexpr int kBlockBytes = kRows * kRow * 2;  // the whole matrix, padding columns included
@@ -53,12 +59,6 @@ struct Args {
   int rows;  // cluster_probe: the rows exchanged (kRows at most)
 };
 
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // Whether *p has reached target: an acquire load, or (relaxed) a relaxed load
 // and, once it has, an acquire fence.
 __device__ __forceinline__ bool reached(const unsigned* p, unsigned target, bool relaxed) {
@@ -70,39 +70,15 @@ __device__ __forceinline__ bool reached(const unsigned* p, unsigned target, bool
   return true;
 }
 
-__device__ __forceinline__ void release_add(unsigned* p) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
-}
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void wait_phase(uint32_t bar, uint32_t phase) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_loop:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_loop;\n}\n" ::"r"(bar),
-      "r"(phase)
-      : "memory");
-}
-
-// The mbarrier's one arrival of a phase, expecting `bytes` from copies.
+// The mbarrier's one arrival of a phase, expecting `bytes` from copies that
+// overwrite what this CTA read before its last barrier.
 __device__ __forceinline__ void arm(uint32_t bar, uint32_t bytes) {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-// The copy engine's reads after this thread's acquire: once before each group of copies.
-__device__ __forceinline__ void async_proxy_fence() {
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  async_proxy_fence_shared();
+  mbarrier_expect(bar, bytes);
 }
 
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_address(dst)),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
+  bulk_copy_to_shared(smem_address(dst), src, bytes, bar);
 }
 
 __device__ __forceinline__ unsigned long long timer_ns() {
@@ -113,7 +89,7 @@ __device__ __forceinline__ unsigned long long timer_ns() {
 
 // Each band's columns, row by row (bulk copies are contiguous), onto `bar`.
 __device__ void copy_band(uint16_t* local, const uint16_t* x, int band, int band_cols, uint32_t bar) {
-  async_proxy_fence();
+  async_proxy_fence_global();
   for (int r = 0; r < kRows; ++r) {
     const int at = r * kRow + band * band_cols;
     bulk_copy(local + at, x + at, band_cols * 2, bar);
@@ -130,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe(Args a) {
   const int units = kCols / G, per_band = G / a.bands, band_cols = per_band * units;
   const bool leader = tid == kThreads - 1, last_warp = warp == kThreads / 32 - 1;
   if (tid == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+    mbarrier_init(bar);
     *claimed = -1;
   }
   __syncthreads();
@@ -173,13 +149,13 @@ __global__ void __launch_bounds__(kThreads, 1) probe(Args a) {
         while (!reached(a.counters, target, a.relaxed)) {
         }
         const long long c2 = clock64();
-        async_proxy_fence();
+        async_proxy_fence_global();
         arm(bar, kBlockBytes);
         bulk_copy(local, x, kBlockBytes, bar);
         if (n >= 100) cycles[0] += c1 - c0, cycles[1] += c2 - c1;
       }
       const long long c3 = clock64();
-      wait_phase(bar, phase);
+      mbarrier_wait(bar, phase);
       if (leader && n >= 100) cycles[2] += clock64() - c3;
     } else if constexpr (P == kStaggered) {
       const int k = kThreads / 32 - 1 - warp;  // poller k: lane 31 of the k-th warp from the last
@@ -189,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe(Args a) {
         while (*done < n) {
           if (reached(a.counters, target, a.relaxed)) {
             if (atomicMax(claimed, n) < n) {
-              async_proxy_fence();
+              async_proxy_fence_global();
               arm(bar, kBlockBytes);
               bulk_copy(local, x, kBlockBytes, bar);
             }
@@ -197,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe(Args a) {
           }
         }
       }
-      wait_phase(bar, phase);
+      mbarrier_wait(bar, phase);
     } else if constexpr (P == kFlags || P == kFlagBands) {
       if (last_warp) {  // lane l polls producers l and l + 32 (G <= 64)
         if (lane == 31) arm(bar, P == kFlags ? kBlockBytes : kColsBytes);
@@ -216,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe(Args a) {
             issued |= 1u << band;
             if (lane != 31) continue;
             if (P == kFlags) {
-              async_proxy_fence();
+              async_proxy_fence_global();
               bulk_copy(local, x, kBlockBytes, bar);
             } else {
               copy_band(local, x, band, band_cols, bar);
@@ -224,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe(Args a) {
           }
         }
       }
-      wait_phase(bar, phase);
+      mbarrier_wait(bar, phase);
     } else if constexpr (P == kCounterBands) {
       if (last_warp) {  // lane b polls band b's counter and copies the band
         if (lane == 31) arm(bar, kColsBytes);
@@ -237,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe(Args a) {
           }
         }
       }
-      wait_phase(bar, phase);
+      mbarrier_wait(bar, phase);
     }
     if constexpr (P != kBarrierOnly) {  // a sample of the reload against what its producers wrote
       for (int e = tid; e < kRows * kCols; e += kThreads * 7) {
@@ -270,15 +246,14 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_probe(Args a) {
   const int tid = threadIdx.x, units = kCols / static_cast<int>(ctas), chunks = units * 2 / 16;
   const uint32_t expected = (ctas - 1) * a.rows * units * 2;  // bytes into this CTA a step
   if (tid == 0) {
-    for (int q = 0; q < 2; ++q)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + 8 * q) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int q = 0; q < 2; ++q) mbarrier_init(bars + 8 * q);
+    mbarrier_init_fence();
   }
   __syncwarp();
   if (tid == 0) {
-    for (int q = 0; q < 2; ++q) arm(bars + 8 * q, expected);
+    for (int q = 0; q < 2; ++q) mbarrier_expect(bars + 8 * q, expected);
   }
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+  cluster_barrier();
   unsigned errors = 0;
   for (int n = 0; n < a.steps; ++n) {
     if (a.work > 0) {
@@ -297,22 +272,11 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_probe(Args a) {
       const int other = e / items, item = e % items;
       const int peer = other + (other >= static_cast<int>(rank));  // every CTA but this one
       const uint32_t src = smem_address(mine + item / chunks * kRow + rank * units) + item % chunks * 16;
-      uint32_t dst, bar, v0, v1, v2, v3;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(dst) : "r"(src), "r"(peer));
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(bar) : "r"(bars + 8 * p), "r"(peer));
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
-                   : "r"(src)
-                   : "memory");
-      asm volatile(
-          "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::
-              "r"(dst),
-          "r"(v0), "r"(v1), "r"(v2), "r"(v3), "r"(bar)
-          : "memory");
+      store_to_peer16(src, cluster_address(src, peer), cluster_address(bars + 8 * p, peer));
     }
     // Exchange n completes phase n / 2 of its parity's mbarrier; thread 0 arms the next.
-    wait_phase(bars + 8 * p, (n >> 1) & 1);
-    if (tid == 0) arm(bars + 8 * p, expected);
+    mbarrier_wait(bars + 8 * p, (n >> 1) & 1);
+    if (tid == 0) mbarrier_expect(bars + 8 * p, expected);
     for (int e = tid; e < a.rows * kCols; e += kThreads * 7) {
       const int r = e / kCols, col = e % kCols;
       if (mine[r * kRow + col] != uint16_t(n * 7 + col / units + r)) ++errors;
@@ -321,17 +285,60 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_probe(Args a) {
   }
   if (blockIdx.x == 0 && tid == 0) a.times[1] = timer_ns();
   if (errors) atomicAdd(a.errors, errors);
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+  cluster_barrier();
+}
+
+constexpr int kSteps = 4000;
+
+// The device buffers of one launch, zeroed.
+Args new_args() {
+  Args a{};
+  cudaMalloc(&a.x, 2 * kBlockBytes);
+  cudaMalloc(&a.counters, 8 * kCounterStride * 4);
+  cudaMalloc(&a.flags, 4 * 128);
+  cudaMalloc(&a.errors, 4);
+  cudaMalloc(&a.times, 16);
+  cudaMalloc(&a.leader_cycles, 24);
+  cudaMemset(a.x, 0, 2 * kBlockBytes);
+  cudaMemset(a.counters, 0, 8 * kCounterStride * 4);
+  cudaMemset(a.flags, 0, 4 * 128);
+  cudaMemset(a.errors, 0, 4);
+  cudaMemset(a.leader_cycles, 0, 24);
+  a.steps = kSteps;
+  return a;
+}
+
+void free_args(const Args& a) {
+  cudaFree(a.x);
+  cudaFree(a.counters);
+  cudaFree(a.flags);
+  cudaFree(a.errors);
+  cudaFree(a.times);
+  cudaFree(a.leader_cycles);
+}
+
+// Waits for the launch (and ends the program if it makes no progress in 5
+// s: a protocol that hangs), then prints its ns per step and wrong elements.
+cudaError_t finish(cudaError_t launched, const Args& a) {
+  const auto start = std::chrono::steady_clock::now();
+  while (launched == cudaSuccess && cudaStreamQuery(nullptr) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5)) {
+      printf("no progress in 5 s: a protocol that hangs\n");
+      std::exit(1);
+    }
+  }
+  const cudaError_t status = launched != cudaSuccess ? launched : cudaDeviceSynchronize();
+  unsigned long long t[2] = {};
+  unsigned errors = 0;
+  cudaMemcpy(t, a.times, 16, cudaMemcpyDeviceToHost);
+  cudaMemcpy(&errors, a.errors, 4, cudaMemcpyDeviceToHost);
+  printf("%7.1f ns/step, %u wrong", double(t[1] - t[0]) / (kSteps - 100), errors);
+  return status;
 }
 
 // `clusters` clusters of `size` CTAs, `rows` rows.
 void run_cluster(int size, int clusters, int rows, int work) {
-  constexpr int kSteps = 4000;
-  Args a{};
-  cudaMalloc(&a.errors, 4);
-  cudaMalloc(&a.times, 16);
-  cudaMemset(a.errors, 0, 4);
-  a.steps = kSteps;
+  Args a = new_args();
   a.work = work;
   a.rows = rows;
   const int smem = 128 + 2 * kBlockBytes + 80 * 1024;  // more than half an SM's: one CTA an SM
@@ -349,23 +356,9 @@ void run_cluster(int size, int clusters, int rows, int work) {
   config.attrs = &cluster;
   config.numAttrs = 1;
   printf("%-34s C=%3d x %d rows=%2d work=%4d: ", "cluster exchange (DSMEM)", size, clusters, rows, work);
-  const cudaError_t launched = cudaLaunchKernelEx(&config, cluster_probe, a);
-  const auto start = std::chrono::steady_clock::now();
-  while (launched == cudaSuccess && cudaStreamQuery(nullptr) == cudaErrorNotReady) {
-    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5)) {
-      printf("no progress in 5 s: a protocol that hangs\n");
-      std::exit(1);
-    }
-  }
-  const cudaError_t status = launched != cudaSuccess ? launched : cudaDeviceSynchronize();
-  unsigned long long t[2] = {};
-  unsigned errors = 0;
-  cudaMemcpy(t, a.times, 16, cudaMemcpyDeviceToHost);
-  cudaMemcpy(&errors, a.errors, 4, cudaMemcpyDeviceToHost);
-  printf("%7.1f ns/step, %u wrong %s\n", double(t[1] - t[0]) / (kSteps - 100), errors,
-         status == cudaSuccess ? "" : cudaGetErrorString(status));
-  cudaFree(a.errors);
-  cudaFree(a.times);
+  const cudaError_t status = finish(cudaLaunchKernelEx(&config, cluster_probe, a), a);
+  printf(" %s\n", status == cudaSuccess ? "" : cudaGetErrorString(status));
+  free_args(a);
 }
 
 struct Case {
@@ -374,20 +367,7 @@ struct Case {
 
 template <Protocol P>
 void run(const char* name, const Case& c) {
-  constexpr int kSteps = 4000;
-  Args a{};
-  cudaMalloc(&a.x, 2 * kBlockBytes);
-  cudaMalloc(&a.counters, 8 * kCounterStride * 4);
-  cudaMalloc(&a.flags, 4 * 128);
-  cudaMalloc(&a.errors, 4);
-  cudaMalloc(&a.times, 16);
-  cudaMalloc(&a.leader_cycles, 24);
-  cudaMemset(a.x, 0, 2 * kBlockBytes);
-  cudaMemset(a.counters, 0, 8 * kCounterStride * 4);
-  cudaMemset(a.flags, 0, 4 * 128);
-  cudaMemset(a.errors, 0, 4);
-  cudaMemset(a.leader_cycles, 0, 24);
-  a.steps = kSteps;
+  Args a = new_args();
   a.work = c.work;
   a.pollers = c.pollers;
   a.stagger = c.stagger;
@@ -398,33 +378,16 @@ void run(const char* name, const Case& c) {
   printf("%-34s G=%3d work=%4d pollers=%d stagger=%3d bands=%d relaxed=%d: ", name, c.G, c.work, c.pollers,
          c.stagger, c.bands, c.relaxed);
   probe<P><<<c.G, kThreads, smem>>>(a);
-  const auto start = std::chrono::steady_clock::now();
-  while (cudaStreamQuery(nullptr) == cudaErrorNotReady) {
-    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5)) {
-      printf("no progress in 5 s: a protocol that hangs\n");
-      std::exit(1);
-    }
-  }
-  const cudaError_t status = cudaDeviceSynchronize();
-  unsigned long long t[2];
-  long long cycles[3];
-  unsigned errors = 0;
-  cudaMemcpy(t, a.times, 16, cudaMemcpyDeviceToHost);
-  cudaMemcpy(cycles, a.leader_cycles, 24, cudaMemcpyDeviceToHost);
-  cudaMemcpy(&errors, a.errors, 4, cudaMemcpyDeviceToHost);
-  printf("%7.1f ns/step, %u wrong", double(t[1] - t[0]) / (kSteps - 100), errors);
+  const cudaError_t status = finish(cudaGetLastError(), a);
   if (P == kCounterCopy || P == kSeparateRelease) {
+    long long cycles[3];
+    cudaMemcpy(cycles, a.leader_cycles, 24, cudaMemcpyDeviceToHost);
     const int n = kSteps - 100;
     printf("; leader's cycles: release %lld, poll %lld, copy %lld", cycles[0] / n, cycles[1] / n,
            cycles[2] / n);
   }
   printf(" %s\n", status == cudaSuccess ? "" : cudaGetErrorString(status));
-  cudaFree(a.x);
-  cudaFree(a.counters);
-  cudaFree(a.flags);
-  cudaFree(a.errors);
-  cudaFree(a.times);
-  cudaFree(a.leader_cycles);
+  free_args(a);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "persistent_params.cuh"
+#include "ptx_sync.cuh"
 
 namespace lltm {
 namespace cuda_detail {
@@ -23,61 +24,6 @@ namespace cuda_detail {
 //   arrive(p)     after the puts (every thread calls it): publishes them;
 //                 the global stores of the step follow it
 //   wait(p, n)    every CTA's puts of exchange n (parity p) are in view(p)
-
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Shared-memory addresses for the PTX below: 32-bit offsets in the CTA's
-// window, and the same offset in CTA `rank` of the cluster.
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Waits until the phase of parity `phase` of the mbarrier at shared address
-// `bar` has completed (sm_90; both exchanges' waits).
-[[maybe_unused]] __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t phase) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "wait_loop:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_loop;\n"
-      "}\n" ::"r"(bar),
-      "r"(phase)
-      : "memory");
-#endif
-}
-
-// Sets up the mbarrier at shared address `bar` for one arrival a phase (sm_90).
-[[maybe_unused]] __device__ __forceinline__ void mbarrier_init(uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-#endif
-}
-
-// Every thread of every CTA of the cluster arrives here before any goes on;
-// what each wrote before (its mbarriers' initialisation) is then visible
-// to the cluster (sm_90).
-[[maybe_unused]] __device__ __forceinline__ void cluster_barrier() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
-#endif
-}
-
-[[maybe_unused]] __device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
-  uint32_t remote;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
-#else
-  remote = local;
-#endif
-  return remote;
-}
 
 template <typename T>
 struct ClusterExchange {
@@ -127,28 +73,13 @@ struct ClusterExchange {
   }
 
   __device__ void send(const Send& x, int parity) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint32_t src = x.src + parity * parity_bytes, dst = x.dst + parity * parity_bytes;
     const uint32_t bar = x.bar + 8 * parity;
     if (chunk == 16) {
-      uint32_t v0, v1, v2, v3;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
-                   : "r"(src)
-                   : "memory");
-      asm volatile(
-          "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::
-              "r"(dst),
-          "r"(v0), "r"(v1), "r"(v2), "r"(v3), "r"(bar)
-          : "memory");
+      store_to_peer16(src, dst, bar);
     } else {
-      uint32_t v;
-      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(src) : "memory");
-      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(dst),
-                   "r"(v), "r"(bar)
-                   : "memory");
+      store_to_peer4(src, dst, bar);
     }
-#endif
   }
 
   // Every thread's puts are in view(parity); then the slice goes to every
@@ -184,12 +115,7 @@ struct ClusterExchange {
 #endif
   }
 
-  __device__ void arm(uint32_t bar) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(expected)
-                 : "memory");
-#endif
-  }
+  __device__ void arm(uint32_t bar) const { mbarrier_expect(bar, expected); }
 
   // The mbarriers are set up and armed, and every CTA of the cluster runs,
   // before any CTA stores into another's shared memory.
@@ -200,7 +126,7 @@ struct ClusterExchange {
         mbarrier_init(bars + 8 * q);
       }
       // The initialisation is complete before any use, this thread's arming included.
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      mbarrier_init_fence();
     }
     // Orders nothing thread 0's program order does not; racecheck counts the
     // initialisation as a write of the whole warp and, without this,
@@ -284,7 +210,7 @@ struct GridExchange {
   // CTA's puts (which the barrier put before it) before the count.
   __device__ void arrive(int /*parity*/) const {
     __syncthreads();
-    if (leader()) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(arrivals) : "memory");
+    if (leader()) release_add(arrivals);
   }
   // The n-th exchange of this launch is complete when the group has
   // arrived (n + 1) times (the leader waits for the count); then the chunk's
@@ -319,27 +245,18 @@ struct GridExchange {
   __device__ void bulk_copy(int parity) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint32_t block = static_cast<uint32_t>(bn * row * sizeof(T));
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    async_proxy_fence_global();
+    async_proxy_fence_shared();
     arm(block);
     for (int i = 0; i < rows_per; ++i) {
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-              smem_address(local + int64_t(i) * bp * row)),
-          "l"(global + parity * parity_elems + i * gate_elems + first), "r"(block), "r"(bar_of(i))
-          : "memory");
+      bulk_copy_to_shared(smem_address(local + int64_t(i) * bp * row),
+                          global + parity * parity_elems + i * gate_elems + first, block, bar_of(i));
     }
 #endif
   }
   // The leader's arrival on each mbarrier, with the bytes of its blocks (sm_90).
   __device__ void arm(uint32_t block) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    for (int q = 0; q < bars; ++q) {
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar + 8 * q),
-                   "r"(block * static_cast<uint32_t>(blocks_of(q)))
-                   : "memory");
-    }
-#endif
+    for (int q = 0; q < bars; ++q) mbarrier_expect(bar + 8 * q, block * static_cast<uint32_t>(blocks_of(q)));
   }
   __device__ void wait_block(int i, int64_t n) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -443,10 +360,8 @@ struct MulticastExchange : GridExchange<T> {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 #endif
     if (Base::leader()) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(this->arrivals) : "memory");
+      async_proxy_fence_shared();
+      release_add(this->arrivals);
     }
   }
   // Every CTA's leader arms its own mbarriers for the step's bytes; the
@@ -463,8 +378,8 @@ struct MulticastExchange : GridExchange<T> {
         const unsigned target = static_cast<unsigned>(n + 1) * static_cast<unsigned>(this->group);
         while (static_cast<int>(load_acquire(this->arrivals) - target) < 0) {
         }
-        asm volatile("fence.proxy.async.global;\n" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        async_proxy_fence_global();
+        async_proxy_fence_shared();
       }
       this->arm(block);
       if (issues) {
@@ -492,7 +407,7 @@ struct MulticastExchange : GridExchange<T> {
   __device__ void start() const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     this->init_bars();
-    if (threadIdx.x == 0) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    if (threadIdx.x == 0) mbarrier_init_fence();
     cluster_barrier();
 #endif
   }
