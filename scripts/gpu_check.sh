@@ -46,7 +46,8 @@
 # when they fail; the exit code is non-zero if any did.
 # Environment: PYTHON, TORCH_CUDA_ARCH_LIST (default 9.0), MAX_JOBS, BENCH_DEVICE,
 # BENCH_SIZES (e.g. "16x32x128 4096x1024x1024"), BENCH_DTYPES, BENCH_ARGS,
-# PYTEST_ARGS, PYTEST_WORKERS (0: no xdist), SANITIZE_K (pytest -k expression of the sanitizer subset),
+# PYTEST_ARGS, PYTEST_WORKERS (0: no xdist), SANITIZE_K, SANITIZE_SEQ_K, SANITIZE_SEQ_RACE_K, SANITIZE_CELLS_K,
+# SANITIZE_CELLS_RACE_K (pytest -k expressions of the sanitizers' subsets),
 # BUILD_LIMIT / TEST_LIMIT / TESTALL_LIMIT / SANITIZE_LIMIT (seconds per stage), DEADLINE
 # (seconds from the start after which no stage runs or keeps running), CC / CXX
 # (the host compilers of the build and of nvcc's -ccbin; printed in the header).
@@ -66,6 +67,10 @@ stages=("$@")
 status=0
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# The part of a stage's log after its last "== " header: that run's output alone, so a run cut
+# short by its limit does not show the lines of the run before it.
+last_run() { awk '/^== /{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' "$1"; }
 
 run_stage() {  # name, limit in seconds, command...
   local name=$1 limit=$2
@@ -140,12 +145,17 @@ for stage in "${stages[@]}"; do
       # the sequence kernels (every time loop, the multicast reloads, held A fragments in clusters):
       # memcheck and racecheck. cuBLAS's own nvjet GEMMs are left out: racecheck reports hazards in
       # their split-k kernels of the half types (docs/benchmarks-history.md, section 25), not ours.
+      # racecheck runs its own, smaller selection: it takes 2-3 s over a 7x5x3x17 case and 20-65 s
+      # over a 6x33x8x70 one (H200), so memcheck's 139 tests would need half an hour under it.
       kseq=${SANITIZE_SEQ_K:-"(test_paths_match_reference and not 1024 and not 300x) or test_cluster_sizes or test_grid_group_sizes or test_paths_write_every_output or test_loop_replays_its_graph or (test_grid_multicast and not bad) or (holds_w and cluster)"}
+      krace=${SANITIZE_SEQ_RACE_K:-"(test_paths_match_reference and 7x5x3x17) or test_cluster_sizes or (test_grid_multicast and not bad) or (holds_w and cluster)"}
       for tool in memcheck racecheck; do
+        k=$kseq
+        [ "$tool" = racecheck ] && k=$krace
         run_stage sanitize "${SANITIZE_LIMIT:-420}" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
           "$SANITIZER" --tool "$tool" --kernel-name-exclude kns=nvjet --error-exitcode 3 --print-limit 20 \
-          "$PYTHON" -m pytest tests/test_seq_paths.py -q -p no:cacheprovider -k "$kseq"
-        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitize.log" | tail -n 2 \
+          "$PYTHON" -m pytest tests/test_seq_paths.py -q -p no:cacheprovider -k "$k"
+        last_run "$OUT/sanitize.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" | tail -n 2 \
           | sed "s/^/          $tool: /" | tee -a "$SUMMARY"
       done
       ;;
@@ -172,12 +182,16 @@ for stage in "${stages[@]}"; do
       # the seam's cells in every CUDA time loop: memcheck and racecheck. (racecheck itself fails,
       # "failed to handle a hardware exception", on the LSTM's part-held fp16 backward of
       # test_holds_w_in_registers's 768/64 case, 249-251 registers a thread; memcheck passes it.)
+      # racecheck leaves out the 5x33x8x70 cases (as the sanitize stage, for its pace).
       kcells=${SANITIZE_CELLS_K:-"test_cuda_paths_match_reference and (7x5x3x17 or 3x1x4x1 or 5x33x8x70)"}
+      kcellsrace=${SANITIZE_CELLS_RACE_K:-"test_cuda_paths_match_reference and (7x5x3x17 or 3x1x4x1)"}
       for tool in memcheck racecheck; do
+        k=$kcells
+        [ "$tool" = racecheck ] && k=$kcellsrace
         run_stage sanitizecells "${SANITIZE_LIMIT:-420}" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
           "$SANITIZER" --tool "$tool" --kernel-name-exclude kns=nvjet --error-exitcode 3 --print-limit 20 \
-          "$PYTHON" -m pytest tests/test_cells.py -q -p no:cacheprovider -k "$kcells"
-        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitizecells.log" | tail -n 2 \
+          "$PYTHON" -m pytest tests/test_cells.py -q -p no:cacheprovider -k "$k"
+        last_run "$OUT/sanitizecells.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" | tail -n 2 \
           | sed "s/^/          $tool: /" | tee -a "$SUMMARY"
       done
       ;;
