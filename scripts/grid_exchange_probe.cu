@@ -15,9 +15,11 @@
 // for the kernels' protocol the leader's cycles in its release, its poll and
 // its wait for the copy. Every reload is checked (a sample of each step's
 // elements against the value its producer wrote). Last, the same exchange
-// inside clusters of 8 and 16 CTAs through DSMEM (the cluster path's
-// protocol), 8 and 16 rows, one or two clusters. Results and what they
-// decided: docs/benchmarks-history.md, section 50.
+// inside clusters of 8 and 16 CTAs through DSMEM, 8 and 16 rows, one or two
+// clusters: the cluster path's protocol (16-byte st.async into every other
+// CTA), one bulk copy of the slice into each other CTA, and a cluster barrier
+// followed by every thread loading from the others. Results and what they
+// decided: docs/benchmarks-history.md, sections 50 and 51.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -57,6 +59,14 @@ struct Args {
   long long* leader_cycles;   // kCounterCopy: release, poll, copy wait (sums)
   int steps, work, pollers, stagger, bands, relaxed;
   int rows;  // cluster_probe: the rows exchanged (kRows at most)
+  int mode;  // cluster_probe: a ClusterMode
+};
+
+// How cluster_probe moves each CTA's columns into the other CTAs.
+enum ClusterMode {
+  kPushStores,  // ClusterExchange's: st.async of 16 bytes into every other CTA, rows laid out whole
+  kPushBulk,    // one bulk copy (the copy engine) of the slice into each other CTA, slices laid end to end
+  kPull,        // a cluster barrier, then every thread loads 16-byte pieces of the others' slices
 };
 
 // Whether *p has reached target: an acquire load, or (relaxed) a relaxed load
@@ -230,6 +240,30 @@ __global__ void __launch_bounds__(kThreads, 1) probe(Args a) {
   }
 }
 
+// DSMEM operations only the probe uses (sm_90): a bulk copy of `bytes` from
+// this CTA's shared memory into another CTA's (cluster address `dst`), its
+// bytes completing on the mbarrier at cluster address `bar`; a 16-byte load
+// from another CTA's shared memory.
+__device__ __forceinline__ void bulk_copy_to_peer(uint32_t dst, uint32_t src, uint32_t bytes, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          dst),
+      "r"(src), "r"(bytes), "r"(bar)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ uint4 load_from_peer16(uint32_t src) {
+  uint4 v = {};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(src)
+               : "memory");
+#endif
+  return v;
+}
+
 // The cluster's exchange, for comparison (ClusterExchange, sm_90): each CTA of
 // a cluster stores its columns of every row into every other CTA's shared
 // memory (st.async, 16 bytes a store), each store completing its bytes on the
@@ -264,22 +298,52 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_probe(Args a) {
     if (n == 100 && blockIdx.x == 0 && tid == 0) a.times[0] = timer_ns();
     const int p = n & 1;
     uint16_t* mine = local + p * kRows * kRow;
-    for (int e = tid; e < a.rows * units; e += kThreads)
-      mine[e / units * kRow + rank * units + e % units] = uint16_t(n * 7 + rank + e / units);
-    __syncthreads();
-    const int items = a.rows * chunks;
-    for (int e = tid; e < items * (static_cast<int>(ctas) - 1); e += kThreads) {
-      const int other = e / items, item = e % items;
-      const int peer = other + (other >= static_cast<int>(rank));  // every CTA but this one
-      const uint32_t src = smem_address(mine + item / chunks * kRow + rank * units) + item % chunks * 16;
-      store_to_peer16(src, cluster_address(src, peer), cluster_address(bars + 8 * p, peer));
+    // kPushStores lays rows out whole ([rows][kRow]); the others lay the
+    // CTAs' slices end to end ([ctas][rows][units]), so a slice is one
+    // contiguous block.
+    const int slice = a.rows * units;
+    const bool whole_rows = a.mode == kPushStores;
+    for (int e = tid; e < slice; e += kThreads) {
+      const int at = whole_rows ? e / units * kRow + rank * units + e % units : rank * slice + e;
+      mine[at] = uint16_t(n * 7 + rank + e / units);
     }
-    // Exchange n completes phase n / 2 of its parity's mbarrier; thread 0 arms the next.
-    mbarrier_wait(bars + 8 * p, (n >> 1) & 1);
-    if (tid == 0) mbarrier_expect(bars + 8 * p, expected);
+    const int items = a.rows * chunks, others = static_cast<int>(ctas) - 1;
+    if (a.mode == kPushStores) {
+      __syncthreads();
+      for (int e = tid; e < items * others; e += kThreads) {
+        const int other = e / items, item = e % items;
+        const int peer = other + (other >= static_cast<int>(rank));  // every CTA but this one
+        const uint32_t src = smem_address(mine + item / chunks * kRow + rank * units) + item % chunks * 16;
+        store_to_peer16(src, cluster_address(src, peer), cluster_address(bars + 8 * p, peer));
+      }
+    } else if (a.mode == kPushBulk) {
+      async_proxy_fence_shared();  // this thread's writes of the slice before the copy engine reads it
+      __syncthreads();
+      if (tid < others) {
+        const int peer = tid + (tid >= static_cast<int>(rank));
+        const uint32_t src = smem_address(mine + rank * slice);
+        bulk_copy_to_peer(cluster_address(src, peer), src, slice * 2, cluster_address(bars + 8 * p, peer));
+      }
+    } else {
+      cluster_barrier();  // every slice of this parity written and visible to the cluster
+      for (int e = tid; e < items * others; e += kThreads) {
+        const int other = e / items, item = e % items;
+        const int peer = other + (other >= static_cast<int>(rank));
+        const uint32_t at = smem_address(mine + peer * slice) + item * 16;
+        const uint4 v = load_from_peer16(cluster_address(at, peer));
+        *reinterpret_cast<uint4*>(mine + peer * slice + item * 8) = v;
+      }
+      __syncthreads();
+    }
+    if (a.mode != kPull) {
+      // Exchange n completes phase n / 2 of its parity's mbarrier; thread 0 arms the next.
+      mbarrier_wait(bars + 8 * p, (n >> 1) & 1);
+      if (tid == 0) mbarrier_expect(bars + 8 * p, expected);
+    }
     for (int e = tid; e < a.rows * kCols; e += kThreads * 7) {
-      const int r = e / kCols, col = e % kCols;
-      if (mine[r * kRow + col] != uint16_t(n * 7 + col / units + r)) ++errors;
+      const int r = e / kCols, col = e % kCols, q = col / units;
+      const int at = whole_rows ? r * kRow + col : q * slice + r * units + col % units;
+      if (mine[at] != uint16_t(n * 7 + q + r)) ++errors;
     }
     __syncthreads();  // every read of this parity before exchange n + 2 can land in it
   }
@@ -337,10 +401,11 @@ cudaError_t finish(cudaError_t launched, const Args& a) {
 }
 
 // `clusters` clusters of `size` CTAs, `rows` rows.
-void run_cluster(int size, int clusters, int rows, int work) {
+void run_cluster(ClusterMode mode, int size, int clusters, int rows, int work) {
   Args a = new_args();
   a.work = work;
   a.rows = rows;
+  a.mode = mode;
   const int smem = 128 + 2 * kBlockBytes + 80 * 1024;  // more than half an SM's: one CTA an SM
   cudaFuncSetAttribute(cluster_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   cudaFuncSetAttribute(cluster_probe, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
@@ -355,7 +420,9 @@ void run_cluster(int size, int clusters, int rows, int work) {
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  printf("%-34s C=%3d x %d rows=%2d work=%4d: ", "cluster exchange (DSMEM)", size, clusters, rows, work);
+  const char* name[] = {"cluster, st.async (the kernels')", "cluster, a bulk copy a peer",
+                        "cluster, barrier + loads"};
+  printf("%-34s C=%3d x %d rows=%2d work=%4d: ", name[mode], size, clusters, rows, work);
   const cudaError_t status = finish(cudaLaunchKernelEx(&config, cluster_probe, a), a);
   printf(" %s\n", status == cudaSuccess ? "" : cudaGetErrorString(status));
   free_args(a);
@@ -412,7 +479,9 @@ int main() {
   for (int work : {0, 1700}) {
     for (int rows : {8, 16}) {
       for (int size : {8, 16}) {
-        for (int clusters : {1, 2}) run_cluster(size, clusters, rows, work);
+        for (ClusterMode mode : {kPushStores, kPushBulk, kPull}) {
+          for (int clusters : {1, 2}) run_cluster(mode, size, clusters, rows, work);
+        }
       }
     }
   }
