@@ -18,14 +18,21 @@
 // inside clusters of 8 and 16 CTAs through DSMEM, 8 and 16 rows, one or two
 // clusters: the cluster path's protocol (16-byte st.async into every other
 // CTA), one bulk copy of the slice into each other CTA, and a cluster barrier
-// followed by every thread loading from the others. Results and what they
-// decided: docs/benchmarks-history.md, sections 50 and 51.
+// followed by every thread loading from the others. Then a whole LLTM
+// forward step at FlashRNN's point in 16-CTA clusters (step_probe: W_hh's
+// products from held and staged A fragments, the cell, each exchange), its
+// cycles split into products, cell and exchange, step 0's gate sums checked.
+// Results and what they decided: docs/benchmarks-history.md, sections 50 and
+// 51.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 // The kernels' own PTX (acquire and release, mbarriers, bulk copies, DSMEM
 // stores), so the probe times the instructions the exchange runs.
@@ -264,30 +271,95 @@ __device__ __forceinline__ uint4 load_from_peer16(uint32_t src) {
   return v;
 }
 
-// The cluster's exchange, for comparison (ClusterExchange, sm_90): each CTA of
-// a cluster stores its columns of every row into every other CTA's shared
-// memory (st.async, 16 bytes a store), each store completing its bytes on the
-// receiver's mbarrier of the step's parity. Nothing goes through L2; a
-// cluster holds at most 16 CTAs (non-portable size), so W_hh must fit in
-// them.
-__global__ void __launch_bounds__(kThreads, 1) cluster_probe(Args a) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t bars = smem_address(smem);                   // parity 0's mbarrier, then parity 1's
-  uint16_t* local = reinterpret_cast<uint16_t*>(smem + 128);  // [2][kRows][kRow]
+// Where element (row r, column col) of the exchanged rows lies in a CTA's
+// buffer: kPushStores lays rows out whole ([rows][kRow]); the other modes lay
+// the CTAs' slices end to end ([ctas][rows][units]), so that a slice is one
+// contiguous block.
+struct ClusterLayout {
+  int mode, rank, ctas, rows, units;
+  __device__ int slice() const { return rows * units; }
+  __device__ int at(int r, int col) const {
+    return mode == kPushStores ? r * kRow + col : col / units * slice() + r * units + col % units;
+  }
+  __device__ uint32_t bytes_in() const { return (ctas - 1) * slice() * 2; }  // into this CTA an exchange
+};
+
+__device__ ClusterLayout cluster_layout(int mode, int rows) {
   unsigned rank, ctas;
   asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
   asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(ctas));
-  const int tid = threadIdx.x, units = kCols / static_cast<int>(ctas), chunks = units * 2 / 16;
-  const uint32_t expected = (ctas - 1) * a.rows * units * 2;  // bytes into this CTA a step
-  if (tid == 0) {
+  return {mode, static_cast<int>(rank), static_cast<int>(ctas), rows, kCols / static_cast<int>(ctas)};
+}
+
+// Thread 0 sets up and arms the two mbarriers at `bars`; then the cluster
+// meets, so no CTA sends before every mbarrier is ready.
+__device__ void cluster_start(uint32_t bars, uint32_t bytes) {
+  if (threadIdx.x == 0) {
     for (int q = 0; q < 2; ++q) mbarrier_init(bars + 8 * q);
     mbarrier_init_fence();
   }
   __syncwarp();
-  if (tid == 0) {
-    for (int q = 0; q < 2; ++q) mbarrier_expect(bars + 8 * q, expected);
+  if (threadIdx.x == 0) {
+    for (int q = 0; q < 2; ++q) mbarrier_expect(bars + 8 * q, bytes);
   }
   cluster_barrier();
+}
+
+// The cluster's exchange (sm_90): every thread has written this CTA's slice
+// into `buffer` (L's layout) and nothing has synchronised since; returns when
+// every other CTA's slice is in `buffer` too. The push modes complete on the
+// mbarrier at `bar` (phase `phase`), which thread 0 then arms again.
+//   kPushStores: ClusterExchange's, 16-byte st.async into every other CTA;
+//   kPushBulk: one bulk copy (the copy engine) of the slice into each;
+//   kPull: a cluster barrier, then every thread loads 16-byte pieces of the
+//          others' slices.
+// Nothing goes through L2; a cluster holds at most 16 CTAs (non-portable
+// size), so W_hh must fit in them.
+__device__ void cluster_exchange(const ClusterLayout& L, uint16_t* buffer, uint32_t bar, int phase) {
+  const int tid = threadIdx.x, threads = blockDim.x, slice = L.slice(), chunks = L.units * 2 / 16;
+  const int items = L.rows * chunks, others = L.ctas - 1;
+  if (L.mode == kPushStores) {
+    __syncthreads();
+    for (int e = tid; e < items * others; e += threads) {
+      const int other = e / items, item = e % items;
+      const int peer = other + (other >= L.rank);  // every CTA but this one
+      const uint32_t src =
+          smem_address(buffer + item / chunks * kRow + L.rank * L.units) + item % chunks * 16;
+      store_to_peer16(src, cluster_address(src, peer), cluster_address(bar, peer));
+    }
+  } else if (L.mode == kPushBulk) {
+    async_proxy_fence_shared();  // this thread's writes of the slice before the copy engine reads it
+    __syncthreads();
+    if (tid < others) {
+      const int peer = tid + (tid >= L.rank);
+      const uint32_t src = smem_address(buffer + L.rank * slice);
+      bulk_copy_to_peer(cluster_address(src, peer), src, slice * 2, cluster_address(bar, peer));
+    }
+  } else {
+    cluster_barrier();  // every slice of this buffer written and visible to the cluster
+    for (int e = tid; e < items * others; e += threads) {
+      const int other = e / items, item = e % items;
+      const int peer = other + (other >= L.rank);
+      const uint32_t at = smem_address(buffer + peer * slice) + item * 16;
+      *reinterpret_cast<uint4*>(buffer + peer * slice + item * 8) =
+          load_from_peer16(cluster_address(at, peer));
+    }
+    __syncthreads();
+    return;
+  }
+  mbarrier_wait(bar, phase);
+  if (tid == 0) mbarrier_expect(bar, L.bytes_in());
+}
+
+// The cluster's exchange alone, for comparison with the grid's: exchange n
+// goes through buffer and mbarrier n % 2 (phase n / 2).
+__global__ void __launch_bounds__(kThreads, 1) cluster_probe(Args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t bars = smem_address(smem);                   // parity 0's mbarrier, then parity 1's
+  uint16_t* local = reinterpret_cast<uint16_t*>(smem + 128);  // [2][kRows][kRow]
+  const ClusterLayout L = cluster_layout(a.mode, a.rows);
+  const int tid = threadIdx.x;
+  cluster_start(bars, L.bytes_in());
   unsigned errors = 0;
   for (int n = 0; n < a.steps; ++n) {
     if (a.work > 0) {
@@ -298,52 +370,14 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_probe(Args a) {
     if (n == 100 && blockIdx.x == 0 && tid == 0) a.times[0] = timer_ns();
     const int p = n & 1;
     uint16_t* mine = local + p * kRows * kRow;
-    // kPushStores lays rows out whole ([rows][kRow]); the others lay the
-    // CTAs' slices end to end ([ctas][rows][units]), so a slice is one
-    // contiguous block.
-    const int slice = a.rows * units;
-    const bool whole_rows = a.mode == kPushStores;
-    for (int e = tid; e < slice; e += kThreads) {
-      const int at = whole_rows ? e / units * kRow + rank * units + e % units : rank * slice + e;
-      mine[at] = uint16_t(n * 7 + rank + e / units);
+    for (int e = tid; e < L.slice(); e += kThreads) {
+      const int r = e / L.units;
+      mine[L.at(r, L.rank * L.units + e % L.units)] = uint16_t(n * 7 + L.rank + r);
     }
-    const int items = a.rows * chunks, others = static_cast<int>(ctas) - 1;
-    if (a.mode == kPushStores) {
-      __syncthreads();
-      for (int e = tid; e < items * others; e += kThreads) {
-        const int other = e / items, item = e % items;
-        const int peer = other + (other >= static_cast<int>(rank));  // every CTA but this one
-        const uint32_t src = smem_address(mine + item / chunks * kRow + rank * units) + item % chunks * 16;
-        store_to_peer16(src, cluster_address(src, peer), cluster_address(bars + 8 * p, peer));
-      }
-    } else if (a.mode == kPushBulk) {
-      async_proxy_fence_shared();  // this thread's writes of the slice before the copy engine reads it
-      __syncthreads();
-      if (tid < others) {
-        const int peer = tid + (tid >= static_cast<int>(rank));
-        const uint32_t src = smem_address(mine + rank * slice);
-        bulk_copy_to_peer(cluster_address(src, peer), src, slice * 2, cluster_address(bars + 8 * p, peer));
-      }
-    } else {
-      cluster_barrier();  // every slice of this parity written and visible to the cluster
-      for (int e = tid; e < items * others; e += kThreads) {
-        const int other = e / items, item = e % items;
-        const int peer = other + (other >= static_cast<int>(rank));
-        const uint32_t at = smem_address(mine + peer * slice) + item * 16;
-        const uint4 v = load_from_peer16(cluster_address(at, peer));
-        *reinterpret_cast<uint4*>(mine + peer * slice + item * 8) = v;
-      }
-      __syncthreads();
-    }
-    if (a.mode != kPull) {
-      // Exchange n completes phase n / 2 of its parity's mbarrier; thread 0 arms the next.
-      mbarrier_wait(bars + 8 * p, (n >> 1) & 1);
-      if (tid == 0) mbarrier_expect(bars + 8 * p, expected);
-    }
+    cluster_exchange(L, mine, bars + 8 * p, (n >> 1) & 1);
     for (int e = tid; e < a.rows * kCols; e += kThreads * 7) {
-      const int r = e / kCols, col = e % kCols, q = col / units;
-      const int at = whole_rows ? r * kRow + col : q * slice + r * units + col % units;
-      if (mine[at] != uint16_t(n * 7 + q + r)) ++errors;
+      const int r = e / kCols, col = e % kCols;
+      if (mine[L.at(r, col)] != uint16_t(n * 7 + col / L.units + r)) ++errors;
     }
     __syncthreads();  // every read of this parity before exchange n + 2 can land in it
   }
@@ -428,6 +462,231 @@ void run_cluster(ClusterMode mode, int size, int clusters, int rows, int work) {
   free_args(a);
 }
 
+// A whole forward step of the LLTM at FlashRNN's point in a 16-CTA cluster
+// a batch chunk of 8 rows: what section 50's cluster design would take a
+// step. Each CTA owns 48 of the 768 units: 144 rows of W_hh (the three
+// gates' rows of its units), 9 MMA tiles of 16 rows over 48 k steps of 16.
+// 3 KR warps: warp w takes tiles 3 (w / KR) .. +2 over the (w % KR)-th of KR
+// ranges of k steps, 3 x 48 / KR A fragments, the first H in registers and
+// the rest staged in shared memory, fragment by fragment (one 16-byte load a
+// thread). KR = 4 (12 warps) can hold 30 fragments a thread in registers;
+// KR = 6 (18 warps, 5 on some of an SM's 4 schedulers: 96 registers a
+// thread at most) 12. A step: the
+// warps' products against the exchanged rows (B), their partial sums through
+// shared memory, the cell (i = sigmoid, o = sigmoid, z = elu; c += i z,
+// h = tanh(c) o) for 48 units x 8 rows, h's slice into the next buffer, and
+// the exchange. Left out: the input projection's gates (a 4.6 KB read a
+// step). Step 0's gate sums are written out and checked on the host.
+constexpr int kStepRows = 8, kStepUnits = 48, kGateRows = 3 * kStepUnits;
+
+struct StepArgs {
+  const uint16_t* w;          // [16 ranks * kGateRows][kCols], fp16
+  float* gates;               // step 0's gate sums, [CTA][kGateRows][kStepRows]
+  unsigned long long* times;  // CTA 0's timer after step 100 and at the end
+  long long* cycles;          // CTA 0, thread 0: products, cell, exchange (sums after step 100)
+  int steps, mode;
+};
+
+// Small exact values: every sum of products below is exact in float.
+__host__ __device__ inline float w_value(int row, int k) {
+  return float((row * 131 + k * 71) % 61 - 30) / 256.f;
+}
+__host__ __device__ inline float h0_value(int r, int k) { return float((r * 37 + k * 13) % 29 - 14) / 64.f; }
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int KR, int H>  // k ranges; A fragments a warp holds in registers (whole k steps: 3 tiles each)
+__global__ void __launch_bounds__(96 * KR, 1) step_probe(StepArgs a) {
+  constexpr int kStepWarps = 3 * KR, kStepThreads = 96 * KR, kKRanges = KR, kKSteps = kCols / 16 / KR;
+  constexpr int kFrags = 3 * kKSteps;
+  static_assert(H % 3 == 0 && H <= kFrags, "held fragments: whole k steps of the warp's three tiles");
+  static_assert(kStepThreads >= kStepUnits * kStepRows, "a thread for each of the cell's (unit, row)");
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t bars = smem_address(smem);
+  uint16_t* hbuf = reinterpret_cast<uint16_t*>(smem + 128);                     // [2][kRows * kRow]
+  float* partial = reinterpret_cast<float*>(smem + 128 + 2 * kBlockBytes);      // [warp][3 tiles][lane][4]
+  uint4* staged = reinterpret_cast<uint4*>(partial + kStepWarps * 3 * 32 * 4);  // [warp][kFrags - H][lane]
+  const ClusterLayout L = cluster_layout(a.mode, kStepRows);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, group = warp / kKRanges,
+            krange = warp % kKRanges;
+  const int g = lane / 4, c2 = lane % 4 * 2;
+
+  // This warp's fragments of this CTA's rows: m16n8k16's A layout.
+  const uint16_t* w = a.w + static_cast<size_t>(L.rank) * kGateRows * kCols;
+  uint32_t held[H > 0 ? H : 1][4];
+#pragma unroll
+  for (int j = 0; j < kFrags; ++j) {
+    const int row = (group * 3 + j % 3) * 16 + g, k = (krange * kKSteps + j / 3) * 16 + c2;
+    const uint32_t f[4] = {*reinterpret_cast<const uint32_t*>(w + row * kCols + k),
+                           *reinterpret_cast<const uint32_t*>(w + (row + 8) * kCols + k),
+                           *reinterpret_cast<const uint32_t*>(w + row * kCols + k + 8),
+                           *reinterpret_cast<const uint32_t*>(w + (row + 8) * kCols + k + 8)};
+    if (j < H) {
+      for (int q = 0; q < 4; ++q) held[j < H ? j : 0][q] = f[q];
+    } else {
+      staged[(warp * (kFrags - H) + j - H) * 32 + lane] = make_uint4(f[0], f[1], f[2], f[3]);
+    }
+  }
+  for (int e = tid; e < kStepRows * kCols; e += kStepThreads) {  // h_0, whole, in buffer 0
+    const __half v = __float2half(h0_value(e / kCols, e % kCols));
+    hbuf[L.at(e / kCols, e % kCols)] = *reinterpret_cast<const uint16_t*>(&v);
+  }
+  cluster_start(bars, L.bytes_in());  // also the CTA's barrier after the writes above
+
+  const int unit = tid % kStepUnits, brow = tid / kStepUnits;  // the cell's (unit, row), tid < 384
+  float cell = 0.f;
+  long long spent[3] = {};
+  for (int n = 0; n < a.steps; ++n) {
+    if (n == 100 && blockIdx.x == 0 && tid == 0) a.times[0] = timer_ns();
+    const long long t0 = clock64();
+    const uint16_t* h = hbuf + (n & 1) * kRows * kRow;
+    uint16_t* next = hbuf + ((n + 1) & 1) * kRows * kRow;
+    float acc[3][4] = {};
+#pragma unroll
+    for (int s = 0; s < kKSteps; ++s) {
+      const int k = (krange * kKSteps + s) * 16 + c2;
+      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(h + L.at(g, k));
+      const uint32_t b1 = *reinterpret_cast<const uint32_t*>(h + L.at(g, k + 8));
+#pragma unroll
+      for (int m = 0; m < 3; ++m) {
+        const int j = s * 3 + m;
+        uint32_t f[4];
+        if (j < H) {
+          for (int q = 0; q < 4; ++q) f[q] = held[j < H ? j : 0][q];
+        } else {
+          const uint4 v = staged[(warp * (kFrags - H) + j - H) * 32 + lane];
+          f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+        }
+        mma16816(acc[m], f, b0, b1);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 3; ++m)
+      *reinterpret_cast<float4*>(partial + ((warp * 3 + m) * 32 + lane) * 4) =
+          make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+    __syncthreads();
+    const long long t1 = clock64();
+    if (tid < kStepUnits * kStepRows) {
+      float z[3];
+      for (int gate = 0; gate < 3; ++gate) {
+        // D[m][n] of tile t: lane (m % 8) * 4 + n / 2, element (m / 8) * 2 + n % 2, summed over the k ranges.
+        const int row = gate * kStepUnits + unit, tile = row / 16, m = row % 16;
+        const int at = (m % 8 * 4 + brow / 2) * 4 + m / 8 * 2 + brow % 2;
+        float sum = 0.f;
+        for (int r = 0; r < kKRanges; ++r)
+          sum += partial[((tile / 3 * kKRanges + r) * 3 + tile % 3) * 32 * 4 + at];
+        z[gate] = sum;
+        if (n == 0) a.gates[(blockIdx.x * kGateRows + row) * kStepRows + brow] = sum;
+      }
+      const float i = 1.f / (1.f + __expf(-z[0])), o = 1.f / (1.f + __expf(-z[1]));
+      const float cand = z[2] > 0.f ? z[2] : __expf(z[2]) - 1.f;
+      cell += i * cand;
+      const __half v = __float2half(tanhf(cell) * o);
+      next[L.at(brow, L.rank * kStepUnits + unit)] = *reinterpret_cast<const uint16_t*>(&v);
+    }
+    const long long t2 = clock64();
+    // Step n's rows go through buffer and mbarrier (n + 1) % 2; mbarrier b's
+    // uses are steps b ^ 1, b ^ 1 + 2, ...: phase n / 2.
+    cluster_exchange(L, next, bars + 8 * ((n + 1) & 1), (n >> 1) & 1);
+    if (n >= 100 && blockIdx.x == 0 && tid == 0) {
+      const long long t3 = clock64();
+      spent[0] += t1 - t0, spent[1] += t2 - t1, spent[2] += t3 - t2;
+    }
+  }
+  if (blockIdx.x == 0 && tid == 0) {
+    a.times[1] = timer_ns();
+    for (int q = 0; q < 3; ++q) a.cycles[q] = spent[q];
+  }
+  cluster_barrier();
+}
+
+template <int KR, int H>
+void run_step(ClusterMode mode, int clusters, const uint16_t* w) {
+  constexpr int kStepWarps = 3 * KR, kFrags = 3 * kCols / 16 / KR;
+  StepArgs a{};
+  const int ctas = 16 * clusters, gates = ctas * kGateRows * kStepRows;
+  a.w = w;
+  a.steps = kSteps;
+  a.mode = mode;
+  cudaMalloc(&a.gates, gates * 4);
+  cudaMalloc(&a.times, 16);
+  cudaMalloc(&a.cycles, 24);
+  cudaMemset(a.gates, 0xff, gates * 4);  // NaN: a sum never written fails the check
+  const int smem = 128 + 2 * kBlockBytes + kStepWarps * 3 * 32 * 16 + kStepWarps * (kFrags - H) * 32 * 16;
+  cudaFuncSetAttribute(step_probe<KR, H>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaFuncSetAttribute(step_probe<KR, H>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(ctas);
+  config.blockDim = dim3(kStepWarps * 32);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim = {16, 1, 1};
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  const char* name[] = {"st.async", "bulk copies", "barrier + loads"};
+  printf("LLTM step, 16 CTAs x %d, %2d warps, %2d of %2d held, %-15s (%3d KB smem): ", clusters, kStepWarps,
+         H, kFrags, name[mode], smem / 1024);
+  const auto start = std::chrono::steady_clock::now();
+  cudaError_t status = cudaLaunchKernelEx(&config, step_probe<KR, H>, a);
+  while (status == cudaSuccess && cudaStreamQuery(nullptr) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5)) {
+      printf("no progress in 5 s\n");
+      std::exit(1);
+    }
+  }
+  if (status == cudaSuccess) status = cudaDeviceSynchronize();
+  unsigned long long t[2] = {};
+  long long cycles[3] = {};
+  std::vector<float> got(gates);
+  cudaMemcpy(t, a.times, 16, cudaMemcpyDeviceToHost);
+  cudaMemcpy(cycles, a.cycles, 24, cudaMemcpyDeviceToHost);
+  cudaMemcpy(got.data(), a.gates, gates * 4, cudaMemcpyDeviceToHost);
+  int wrong = 0;
+  for (int cta = 0; cta < ctas; ++cta) {
+    for (int row = 0; row < kGateRows; ++row) {
+      for (int r = 0; r < kStepRows; ++r) {
+        float want = 0.f;
+        for (int k = 0; k < kCols; ++k) want += w_value(cta % 16 * kGateRows + row, k) * h0_value(r, k);
+        if (!(std::fabs(got[(cta * kGateRows + row) * kStepRows + r] - want) <= 1e-3f)) ++wrong;
+      }
+    }
+  }
+  const int n = kSteps - 100;
+  printf("%7.1f ns/step (cycles: products %lld, cell %lld, exchange %lld), %d wrong gate sums %s\n",
+         double(t[1] - t[0]) / n, cycles[0] / n, cycles[1] / n, cycles[2] / n, wrong,
+         status == cudaSuccess ? "" : cudaGetErrorString(status));
+  cudaFree(a.gates);
+  cudaFree(a.times);
+  cudaFree(a.cycles);
+}
+
+void run_steps() {
+  const size_t count = size_t(16) * kGateRows * kCols;
+  std::vector<uint16_t> host(count);
+  for (size_t e = 0; e < count; ++e) {
+    const __half v = __float2half(w_value(int(e / kCols), int(e % kCols)));
+    host[e] = *reinterpret_cast<const uint16_t*>(&v);
+  }
+  uint16_t* w = nullptr;
+  cudaMalloc(&w, count * 2);
+  cudaMemcpy(w, host.data(), count * 2, cudaMemcpyHostToDevice);
+  for (ClusterMode mode : {kPushStores, kPushBulk, kPull}) {
+    for (int clusters : {1, 2}) {
+      run_step<4, 18>(mode, clusters, w);
+      run_step<4, 24>(mode, clusters, w);
+      run_step<4, 30>(mode, clusters, w);
+      run_step<6, 12>(mode, clusters, w);
+    }
+  }
+  cudaFree(w);
+}
+
 struct Case {
   int G, work, pollers = 1, stagger = 0, bands = 1, relaxed = 0;
 };
@@ -485,5 +744,6 @@ int main() {
       }
     }
   }
+  run_steps();
   return 0;
 }
