@@ -36,6 +36,9 @@
 #   phases    (not in the default list) a profiling build (LLTM_STEP_CLOCKS=1), then
 #             python -m lltm.bench.step_phases at T=1000 in float32, TF32 and bfloat16:
 #             cycles per phase of a persistent kernel's step; rebuilds without the clocks after
+#   probe     (not in the default list; needs no build) scripts/grid_exchange_probe.cu compiled for
+#             sm_90 and run: the grid's and the cluster's exchange protocols alone and the cluster
+#             design's whole LLTM step at FlashRNN's point (ns a step; every reload checked)
 #   compile   lltm train --compile against eager (charlm, hidden 256, batch 64, seq 128):
 #             python -m lltm.bench.train_step (steady steps interleaved, the modes' costliest
 #             ops), then two real runs whose summaries give warm-up and steady state apart
@@ -278,6 +281,13 @@ EOF
           --steps 300 --eval-every 300 --device cuda --no-plot --quiet --out "$OUT/train${compile:+-compile}" $compile
       done
       grep -E "^lltm train step|^ +(mode|eager|default|reduce-overhead) \||^\| lltm" "$OUT/compile.log" >>"$SUMMARY"
+      ;;
+    probe)
+      run_stage probe 240 bash -c "nvcc -arch=sm_90 -O3 -std=c++17 -o '$OUT/grid_exchange_probe' \
+        scripts/grid_exchange_probe.cu && '$OUT/grid_exchange_probe'"
+      grep -E "wrong|no progress|needs a GPU" "$OUT/probe.log" | grep -vE " 0 wrong" | head -n 5 | sed 's/^/          /' | tee -a "$SUMMARY"
+      grep -E "^LLTM step" "$OUT/probe.log" | sed 's/^/          /' | tee -a "$SUMMARY"
+      rm -f "$OUT/grid_exchange_probe"
       ;;
     phases)
       LLTM_STEP_CLOCKS=1 run_stage phases "${BUILD_LIMIT:-480}" "$PYTHON" setup.py -q build_ext --inplace

@@ -415,6 +415,9 @@ void free_args(const Args& a) {
   cudaFree(a.leader_cycles);
 }
 
+// Launches that failed or reloaded something wrong: the exit status.
+int failures = 0;
+
 // Waits for the launch (and ends the program if it makes no progress in 5
 // s: a protocol that hangs), then prints its ns per step and wrong elements.
 cudaError_t finish(cudaError_t launched, const Args& a) {
@@ -431,6 +434,7 @@ cudaError_t finish(cudaError_t launched, const Args& a) {
   cudaMemcpy(t, a.times, 16, cudaMemcpyDeviceToHost);
   cudaMemcpy(&errors, a.errors, 4, cudaMemcpyDeviceToHost);
   printf("%7.1f ns/step, %u wrong", double(t[1] - t[0]) / (kSteps - 100), errors);
+  failures += status != cudaSuccess || errors != 0;
   return status;
 }
 
@@ -661,6 +665,7 @@ void run_step(ClusterMode mode, int clusters, const uint16_t* w) {
   printf("%7.1f ns/step (cycles: products %lld, cell %lld, exchange %lld), %d wrong gate sums %s\n",
          double(t[1] - t[0]) / n, cycles[0] / n, cycles[1] / n, cycles[2] / n, wrong,
          status == cudaSuccess ? "" : cudaGetErrorString(status));
+  failures += status != cudaSuccess || wrong != 0;
   cudaFree(a.gates);
   cudaFree(a.times);
   cudaFree(a.cycles);
@@ -720,6 +725,14 @@ void run(const char* name, const Case& c) {
 
 int main() {
   setvbuf(stdout, nullptr, _IONBF, 0);
+  int devices = 0, major = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess || major < 9) {
+    printf(
+        "grid_exchange_probe: needs a GPU of compute capability 9.0 or later (clusters, DSMEM, bulk "
+        "copies)\n");
+    return 2;
+  }
   for (int G : {64, 128}) {
     for (int work : {0, 1700}) {
       run<kBarrierOnly>("counter, no copy", {G, work});
@@ -745,5 +758,5 @@ int main() {
     }
   }
   run_steps();
-  return 0;
+  return failures != 0;
 }
