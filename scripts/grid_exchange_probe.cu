@@ -473,14 +473,15 @@ void run_cluster(ClusterMode mode, int size, int clusters, int rows, int work) {
 // 3 KR warps: warp w takes tiles 3 (w / KR) .. +2 over the (w % KR)-th of KR
 // ranges of k steps, 3 x 48 / KR A fragments, the first H in registers and
 // the rest staged in shared memory, fragment by fragment (one 16-byte load a
-// thread). KR = 4 (12 warps) can hold 30 fragments a thread in registers;
-// KR = 6 (18 warps, 5 on some of an SM's 4 schedulers: 96 registers a
-// thread at most) 12. A step: the
-// warps' products against the exchanged rows (B), their partial sums through
-// shared memory, the cell (i = sigmoid, o = sigmoid, z = elu; c += i z,
-// h = tanh(c) o) for 48 units x 8 rows, h's slice into the next buffer, and
-// the exchange. Left out: the input projection's gates (a 4.6 KB read a
-// step). Step 0's gate sums are written out and checked on the host.
+// thread). KR = 4 (12 warps) holds up to 30 fragments a thread in registers;
+// KR = 6 (18 warps, 5 on some of an SM's 4 schedulers, so 96 registers a
+// thread at most) 12.
+// A step: the warps' products against the exchanged rows (B), their partial
+// sums through shared memory, the cell (i = sigmoid, o = sigmoid, z = elu;
+// c += i z, h = tanh(c) o) for 48 units x 8 rows, h's slice into the next
+// buffer, and the exchange. Left out: the input projection's gates (a 4.6 KB
+// read a step). W_hh and h_0 are small exact values; step 0's gate sums are
+// written out and checked against the host's.
 constexpr int kStepRows = 8, kStepUnits = 48, kGateRows = 3 * kStepUnits;
 
 struct StepArgs {
