@@ -419,8 +419,8 @@ void free_args(const Args& a) {
 int failures = 0;
 
 // Waits for the launch (and ends the program if it makes no progress in 5
-// s: a protocol that hangs), then prints its ns per step and wrong elements.
-cudaError_t finish(cudaError_t launched, const Args& a) {
+// s: a protocol that hangs).
+cudaError_t wait_for(cudaError_t launched) {
   const auto start = std::chrono::steady_clock::now();
   while (launched == cudaSuccess && cudaStreamQuery(nullptr) == cudaErrorNotReady) {
     if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5)) {
@@ -428,7 +428,32 @@ cudaError_t finish(cudaError_t launched, const Args& a) {
       std::exit(1);
     }
   }
-  const cudaError_t status = launched != cudaSuccess ? launched : cudaDeviceSynchronize();
+  return launched != cudaSuccess ? launched : cudaDeviceSynchronize();
+}
+
+// Launches `kernel` in `clusters` clusters of `size` CTAs of `threads`
+// threads with `smem` bytes of dynamic shared memory, and waits for it.
+template <typename Kernel, typename A>
+cudaError_t launch_in_clusters(Kernel kernel, const A& a, int size, int clusters, int threads, int smem) {
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(size * clusters);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = size;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return wait_for(cudaLaunchKernelEx(&config, kernel, a));
+}
+
+// Waits for the launch, then prints its ns per step and wrong elements.
+cudaError_t finish(cudaError_t launched, const Args& a) {
+  const cudaError_t status = wait_for(launched);
   unsigned long long t[2] = {};
   unsigned errors = 0;
   cudaMemcpy(t, a.times, 16, cudaMemcpyDeviceToHost);
@@ -445,23 +470,10 @@ void run_cluster(ClusterMode mode, int size, int clusters, int rows, int work) {
   a.rows = rows;
   a.mode = mode;
   const int smem = 128 + 2 * kBlockBytes + 80 * 1024;  // more than half an SM's: one CTA an SM
-  cudaFuncSetAttribute(cluster_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  cudaFuncSetAttribute(cluster_probe, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(size * clusters);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = size;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
   const char* name[] = {"cluster, st.async (the kernels')", "cluster, a bulk copy a peer",
                         "cluster, barrier + loads"};
   printf("%-34s C=%3d x %d rows=%2d work=%4d: ", name[mode], size, clusters, rows, work);
-  const cudaError_t status = finish(cudaLaunchKernelEx(&config, cluster_probe, a), a);
+  const cudaError_t status = finish(launch_in_clusters(cluster_probe, a, size, clusters, kThreads, smem), a);
   printf(" %s\n", status == cudaSuccess ? "" : cudaGetErrorString(status));
   free_args(a);
 }
@@ -610,6 +622,19 @@ __global__ void __launch_bounds__(96 * KR, 1) step_probe(StepArgs a) {
   cluster_barrier();
 }
 
+// Step 0's gate sums on the host, [rank][kGateRows][kStepRows] (exact).
+const std::vector<float>& step0_gates() {
+  static const std::vector<float> want = [] {
+    std::vector<float> v(16 * kGateRows * kStepRows);
+    for (size_t e = 0; e < v.size(); ++e) {
+      const int row = int(e / kStepRows), r = int(e % kStepRows);
+      for (int k = 0; k < kCols; ++k) v[e] += w_value(row, k) * h0_value(r, k);
+    }
+    return v;
+  }();
+  return want;
+}
+
 template <int KR, int H>
 void run_step(ClusterMode mode, int clusters, const uint16_t* w) {
   constexpr int kStepWarps = 3 * KR, kFrags = 3 * kCols / 16 / KR;
@@ -623,45 +648,19 @@ void run_step(ClusterMode mode, int clusters, const uint16_t* w) {
   cudaMalloc(&a.cycles, 24);
   cudaMemset(a.gates, 0xff, gates * 4);  // NaN: a sum never written fails the check
   const int smem = 128 + 2 * kBlockBytes + kStepWarps * 3 * 32 * 16 + kStepWarps * (kFrags - H) * 32 * 16;
-  cudaFuncSetAttribute(step_probe<KR, H>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  cudaFuncSetAttribute(step_probe<KR, H>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(ctas);
-  config.blockDim = dim3(kStepWarps * 32);
-  config.dynamicSmemBytes = smem;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim = {16, 1, 1};
-  config.attrs = &cluster;
-  config.numAttrs = 1;
   const char* name[] = {"st.async", "bulk copies", "barrier + loads"};
   printf("LLTM step, 16 CTAs x %d, %2d warps, %2d of %2d held, %-15s (%3d KB smem): ", clusters, kStepWarps,
          H, kFrags, name[mode], smem / 1024);
-  const auto start = std::chrono::steady_clock::now();
-  cudaError_t status = cudaLaunchKernelEx(&config, step_probe<KR, H>, a);
-  while (status == cudaSuccess && cudaStreamQuery(nullptr) == cudaErrorNotReady) {
-    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5)) {
-      printf("no progress in 5 s\n");
-      std::exit(1);
-    }
-  }
-  if (status == cudaSuccess) status = cudaDeviceSynchronize();
+  const cudaError_t status = launch_in_clusters(step_probe<KR, H>, a, 16, clusters, kStepWarps * 32, smem);
   unsigned long long t[2] = {};
   long long cycles[3] = {};
   std::vector<float> got(gates);
   cudaMemcpy(t, a.times, 16, cudaMemcpyDeviceToHost);
   cudaMemcpy(cycles, a.cycles, 24, cudaMemcpyDeviceToHost);
   cudaMemcpy(got.data(), a.gates, gates * 4, cudaMemcpyDeviceToHost);
-  int wrong = 0;
-  for (int cta = 0; cta < ctas; ++cta) {
-    for (int row = 0; row < kGateRows; ++row) {
-      for (int r = 0; r < kStepRows; ++r) {
-        float want = 0.f;
-        for (int k = 0; k < kCols; ++k) want += w_value(cta % 16 * kGateRows + row, k) * h0_value(r, k);
-        if (!(std::fabs(got[(cta * kGateRows + row) * kStepRows + r] - want) <= 1e-3f)) ++wrong;
-      }
-    }
-  }
+  int wrong = 0;  // every cluster's CTA of rank q against want's rows of rank q
+  const std::vector<float>& want = step0_gates();
+  for (int e = 0; e < gates; ++e) wrong += !(std::fabs(got[e] - want[e % want.size()]) <= 1e-3f);
   const int n = kSteps - 100;
   printf("%7.1f ns/step (cycles: products %lld, cell %lld, exchange %lld), %d wrong gate sums %s\n",
          double(t[1] - t[0]) / n, cycles[0] / n, cycles[1] / n, cycles[2] / n, wrong,
