@@ -75,6 +75,21 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 # short by its limit does not show the lines of the run before it.
 last_run() { awk '/^== /{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' "$1"; }
 
+# Stage $1: memcheck over the tests of file $2 that pytest -k "$3" selects, then racecheck over
+# -k "$4", each with nvjet (cuBLAS's own GEMMs) left out; each run's summary lines into $SUMMARY.
+memcheck_and_racecheck() {
+  local stage=$1 file=$2 tool k
+  for tool in memcheck racecheck; do
+    k=$3
+    [ "$tool" = racecheck ] && k=$4
+    run_stage "$stage" "${SANITIZE_LIMIT:-420}" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+      "$SANITIZER" --tool "$tool" --kernel-name-exclude kns=nvjet --error-exitcode 3 --print-limit 20 \
+      "$PYTHON" -m pytest "$file" -q -p no:cacheprovider -k "$k"
+    last_run "$OUT/$stage.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" | tail -n 2 \
+      | sed "s/^/          $tool: /" | tee -a "$SUMMARY"
+  done
+}
+
 run_stage() {  # name, limit in seconds, command...
   local name=$1 limit=$2
   shift 2
@@ -154,15 +169,7 @@ for stage in "${stages[@]}"; do
       # over a 6x33x8x70 one (H200), so memcheck's 139 tests would need half an hour under it.
       kseq=${SANITIZE_SEQ_K:-"(test_paths_match_reference and not 1024 and not 300x) or test_cluster_sizes or test_grid_group_sizes or test_paths_write_every_output or test_loop_replays_its_graph or (test_grid_multicast and not bad) or (holds_w and cluster)"}
       krace=${SANITIZE_SEQ_RACE_K:-"(test_paths_match_reference and 7x5x3x17) or test_cluster_sizes or (test_grid_multicast and not bad) or (holds_w and cluster)"}
-      for tool in memcheck racecheck; do
-        k=$kseq
-        [ "$tool" = racecheck ] && k=$krace
-        run_stage sanitize "${SANITIZE_LIMIT:-420}" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-          "$SANITIZER" --tool "$tool" --kernel-name-exclude kns=nvjet --error-exitcode 3 --print-limit 20 \
-          "$PYTHON" -m pytest tests/test_seq_paths.py -q -p no:cacheprovider -k "$k"
-        last_run "$OUT/sanitize.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" | tail -n 2 \
-          | sed "s/^/          $tool: /" | tee -a "$SUMMARY"
-      done
+      memcheck_and_racecheck sanitize tests/test_seq_paths.py "$kseq" "$krace"
       ;;
     regress)
       for dtype in ${REGRESS_DTYPES:-float32 bfloat16}; do
@@ -190,15 +197,7 @@ for stage in "${stages[@]}"; do
       # racecheck leaves out the 5x33x8x70 cases (as the sanitize stage, for its pace).
       kcells=${SANITIZE_CELLS_K:-"test_cuda_paths_match_reference and (7x5x3x17 or 3x1x4x1 or 5x33x8x70)"}
       kcellsrace=${SANITIZE_CELLS_RACE_K:-"test_cuda_paths_match_reference and (7x5x3x17 or 3x1x4x1)"}
-      for tool in memcheck racecheck; do
-        k=$kcells
-        [ "$tool" = racecheck ] && k=$kcellsrace
-        run_stage sanitizecells "${SANITIZE_LIMIT:-420}" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-          "$SANITIZER" --tool "$tool" --kernel-name-exclude kns=nvjet --error-exitcode 3 --print-limit 20 \
-          "$PYTHON" -m pytest tests/test_cells.py -q -p no:cacheprovider -k "$k"
-        last_run "$OUT/sanitizecells.log" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" | tail -n 2 \
-          | sed "s/^/          $tool: /" | tee -a "$SUMMARY"
-      done
+      memcheck_and_racecheck sanitizecells tests/test_cells.py "$kcells" "$kcellsrace"
       ;;
     resources)
       # registers, stack and spills of every persistent kernel (this build, and $OLD_TREE's if set)
