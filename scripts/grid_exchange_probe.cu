@@ -17,13 +17,14 @@
 // elements against the value its producer wrote). Last, the same exchange
 // inside clusters of 8 and 16 CTAs through DSMEM, 8 and 16 rows, one or two
 // clusters: the cluster path's protocol (16-byte st.async into every other
-// CTA), one bulk copy of the slice into each other CTA, and a cluster barrier
-// followed by every thread loading from the others. Then a whole LLTM
-// forward step at FlashRNN's point in 16-CTA clusters (step_probe: W_hh's
-// products from held and staged A fragments, the cell, each exchange), its
-// cycles split into products, cell and exchange, step 0's gate sums checked.
-// Results and what they decided: docs/benchmarks-history.md, sections 50 and
-// 51.
+// CTA), one bulk copy of the slice into each other CTA (completing on one
+// mbarrier, or on an mbarrier a slice so that readers wait only for the
+// slices they read next), and a cluster barrier followed by every thread
+// loading from the others. Then a whole LLTM forward step at FlashRNN's point
+// in 16-CTA clusters (step_probe: W_hh's products from held and staged A
+// fragments, the cell, each exchange), its cycles split into products, cell
+// and exchange, step 0's gate sums checked. Results and what they decided:
+// docs/benchmarks-history.md, sections 50 to 52.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -74,7 +75,16 @@ enum ClusterMode {
   kPushStores,  // ClusterExchange's: st.async of 16 bytes into every other CTA, rows laid out whole
   kPushBulk,    // one bulk copy (the copy engine) of the slice into each other CTA, slices laid end to end
   kPull,        // a cluster barrier, then every thread loads 16-byte pieces of the others' slices
+  kBulkSlices,  // kPushBulk with an mbarrier per slice: a reader waits only for the slices it reads next
 };
+
+// The slice modes pad each row of a CTA's slice by kSlicePad columns, so that
+// the 8 rows of an MMA's B fragment fall into distinct shared-memory banks.
+constexpr int kSlicePad = 8;
+// One parity's buffer of exchanged rows: the rows laid out whole, or 16 CTAs'
+// padded slices laid end to end (the larger).
+constexpr int kBufHalves = kRows * (kCols + 16 * kSlicePad);
+constexpr int kHeader = 512;  // mbarriers: [parity][16 slices] (kBulkSlices) or [parity]
 
 // Whether *p has reached target: an acquire load, or (relaxed) a relaxed load
 // and, once it has, an acquire fence.
@@ -273,15 +283,21 @@ __device__ __forceinline__ uint4 load_from_peer16(uint32_t src) {
 
 // Where element (row r, column col) of the exchanged rows lies in a CTA's
 // buffer: kPushStores lays rows out whole ([rows][kRow]); the other modes lay
-// the CTAs' slices end to end ([ctas][rows][units]), so that a slice is one
-// contiguous block.
+// the CTAs' slices end to end ([ctas][rows][units + kSlicePad]), so that a
+// slice is one contiguous block.
 struct ClusterLayout {
   int mode, rank, ctas, rows, units;
-  __device__ int slice() const { return rows * units; }
+  __device__ int stride() const { return units + kSlicePad; }
+  __device__ int slice() const { return rows * stride(); }
   __device__ int at(int r, int col) const {
-    return mode == kPushStores ? r * kRow + col : col / units * slice() + r * units + col % units;
+    return mode == kPushStores ? r * kRow + col : col / units * slice() + r * stride() + col % units;
   }
-  __device__ uint32_t bytes_in() const { return (ctas - 1) * slice() * 2; }  // into this CTA an exchange
+  // bytes from one other CTA an exchange: kPushStores sends its columns alone, the others the padded slice
+  __device__ uint32_t bytes_sent() const { return (mode == kPushStores ? rows * units : slice()) * 2; }
+  // bytes into this CTA an exchange: into each slice's mbarrier (kBulkSlices) or into its one mbarrier
+  __device__ uint32_t bytes_in() const { return (mode == kBulkSlices ? 1 : ctas - 1) * bytes_sent(); }
+  // mbarriers a parity: one a slice (kBulkSlices; this CTA's own is never armed) or one
+  __device__ int bars() const { return mode == kBulkSlices ? ctas : 1; }
 };
 
 __device__ ClusterLayout cluster_layout(int mode, int rows) {
@@ -291,28 +307,50 @@ __device__ ClusterLayout cluster_layout(int mode, int rows) {
   return {mode, static_cast<int>(rank), static_cast<int>(ctas), rows, kCols / static_cast<int>(ctas)};
 }
 
-// Thread 0 sets up and arms the two mbarriers at `bars`; then the cluster
-// meets, so no CTA sends before every mbarrier is ready.
-__device__ void cluster_start(uint32_t bars, uint32_t bytes) {
+// Thread 0 sets up and arms both parities' mbarriers at `bars`; then the
+// cluster meets, so no CTA sends before every mbarrier is ready.
+__device__ void cluster_start(const ClusterLayout& L, uint32_t bars) {
+  const int count = 2 * L.bars();
   if (threadIdx.x == 0) {
-    for (int q = 0; q < 2; ++q) mbarrier_init(bars + 8 * q);
+    for (int q = 0; q < count; ++q) mbarrier_init(bars + 8 * q);
     mbarrier_init_fence();
   }
   __syncwarp();
   if (threadIdx.x == 0) {
-    for (int q = 0; q < 2; ++q) mbarrier_expect(bars + 8 * q, bytes);
+    for (int q = 0; q < count; ++q) {
+      if (L.mode != kBulkSlices || q % L.ctas != L.rank) mbarrier_expect(bars + 8 * q, L.bytes_in());
+    }
   }
   cluster_barrier();
 }
 
+// kBulkSlices: waits until slice j of this parity's buffer has landed.
+__device__ __forceinline__ void wait_slice(uint32_t bars, int j, int phase) {
+  mbarrier_wait(bars + 8 * j, phase);
+}
+
+// kBulkSlices, once every thread that reads this parity's slices has waited
+// for them: their mbarriers armed for the parity's next exchange.
+__device__ __forceinline__ void rearm_slices(const ClusterLayout& L, uint32_t bars, int phase) {
+  const int j = threadIdx.x;
+  if (j < L.ctas && j != L.rank) {
+    wait_slice(bars, j, phase);  // complete already; this thread's own view of it
+    mbarrier_expect(bars + 8 * j, L.bytes_in());
+  }
+}
+
 // The cluster's exchange (sm_90): every thread has written this CTA's slice
 // into `buffer` (L's layout) and nothing has synchronised since; returns when
-// every other CTA's slice is in `buffer` too. The push modes complete on the
-// mbarrier at `bar` (phase `phase`), which thread 0 then arms again.
+// every other CTA's slice is in `buffer` too, except in kBulkSlices. The
+// push modes complete on the mbarrier at `bar` (phase `phase`), which thread
+// 0 then arms again.
 //   kPushStores: ClusterExchange's, 16-byte st.async into every other CTA;
 //   kPushBulk: one bulk copy (the copy engine) of the slice into each;
 //   kPull: a cluster barrier, then every thread loads 16-byte pieces of the
-//          others' slices.
+//          others' slices;
+//   kBulkSlices: kPushBulk's copies, each onto the mbarrier of its slice in
+//          the peer (`bar` is the parity's first); returns once they are
+//          issued: the readers wait for each slice (wait_slice), then re-arm.
 // Nothing goes through L2; a cluster holds at most 16 CTAs (non-portable
 // size), so W_hh must fit in them.
 __device__ void cluster_exchange(const ClusterLayout& L, uint16_t* buffer, uint32_t bar, int phase) {
@@ -327,18 +365,21 @@ __device__ void cluster_exchange(const ClusterLayout& L, uint16_t* buffer, uint3
           smem_address(buffer + item / chunks * kRow + L.rank * L.units) + item % chunks * 16;
       store_to_peer16(src, cluster_address(src, peer), cluster_address(bar, peer));
     }
-  } else if (L.mode == kPushBulk) {
+  } else if (L.mode == kPushBulk || L.mode == kBulkSlices) {
     async_proxy_fence_shared();  // this thread's writes of the slice before the copy engine reads it
     __syncthreads();
     if (tid < others) {
       const int peer = tid + (tid >= L.rank);
       const uint32_t src = smem_address(buffer + L.rank * slice);
-      bulk_copy_to_peer(cluster_address(src, peer), src, slice * 2, cluster_address(bar, peer));
+      const uint32_t done = L.mode == kBulkSlices ? bar + 8 * L.rank : bar;
+      bulk_copy_to_peer(cluster_address(src, peer), src, slice * 2, cluster_address(done, peer));
     }
+    if (L.mode == kBulkSlices) return;
   } else {
-    cluster_barrier();  // every slice of this buffer written and visible to the cluster
-    for (int e = tid; e < items * others; e += threads) {
-      const int other = e / items, item = e % items;
+    cluster_barrier();                  // every slice of this buffer written and visible to the cluster
+    const int pieces = slice * 2 / 16;  // a slice's 16-byte pieces, padding included
+    for (int e = tid; e < pieces * others; e += threads) {
+      const int other = e / pieces, item = e % pieces;
       const int peer = other + (other >= L.rank);
       const uint32_t at = smem_address(buffer + peer * slice) + item * 16;
       *reinterpret_cast<uint4*>(buffer + peer * slice + item * 8) =
@@ -355,11 +396,11 @@ __device__ void cluster_exchange(const ClusterLayout& L, uint16_t* buffer, uint3
 // goes through buffer and mbarrier n % 2 (phase n / 2).
 __global__ void __launch_bounds__(kThreads, 1) cluster_probe(Args a) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t bars = smem_address(smem);                   // parity 0's mbarrier, then parity 1's
-  uint16_t* local = reinterpret_cast<uint16_t*>(smem + 128);  // [2][kRows][kRow]
+  const uint32_t bars = smem_address(smem);                       // parity 0's mbarriers, then parity 1's
+  uint16_t* local = reinterpret_cast<uint16_t*>(smem + kHeader);  // [2][kBufHalves]
   const ClusterLayout L = cluster_layout(a.mode, a.rows);
   const int tid = threadIdx.x;
-  cluster_start(bars, L.bytes_in());
+  cluster_start(L, bars);
   unsigned errors = 0;
   for (int n = 0; n < a.steps; ++n) {
     if (a.work > 0) {
@@ -368,13 +409,19 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_probe(Args a) {
       }
     }
     if (n == 100 && blockIdx.x == 0 && tid == 0) a.times[0] = timer_ns();
-    const int p = n & 1;
-    uint16_t* mine = local + p * kRows * kRow;
-    for (int e = tid; e < L.slice(); e += kThreads) {
+    const int p = n & 1, phase = (n >> 1) & 1;
+    uint16_t* mine = local + p * kBufHalves;
+    for (int e = tid; e < L.rows * L.units; e += kThreads) {
       const int r = e / L.units;
       mine[L.at(r, L.rank * L.units + e % L.units)] = uint16_t(n * 7 + L.rank + r);
     }
-    cluster_exchange(L, mine, bars + 8 * p, (n >> 1) & 1);
+    cluster_exchange(L, mine, bars + 8 * L.bars() * p, phase);
+    if (L.mode == kBulkSlices) {  // every slice, in turn
+      for (int j = 0; j < L.ctas; ++j) {
+        if (j != L.rank) wait_slice(bars + 8 * L.bars() * p, j, phase);
+      }
+      rearm_slices(L, bars + 8 * L.bars() * p, phase);
+    }
     for (int e = tid; e < a.rows * kCols; e += kThreads * 7) {
       const int r = e / kCols, col = e % kCols;
       if (mine[L.at(r, col)] != uint16_t(n * 7 + col / L.units + r)) ++errors;
@@ -469,9 +516,9 @@ void run_cluster(ClusterMode mode, int size, int clusters, int rows, int work) {
   a.work = work;
   a.rows = rows;
   a.mode = mode;
-  const int smem = 128 + 2 * kBlockBytes + 80 * 1024;  // more than half an SM's: one CTA an SM
+  const int smem = kHeader + 2 * kBufHalves * 2 + 80 * 1024;  // more than half an SM's: one CTA an SM
   const char* name[] = {"cluster, st.async (the kernels')", "cluster, a bulk copy a peer",
-                        "cluster, barrier + loads"};
+                        "cluster, barrier + loads", "cluster, bulk, a barrier a slice"};
   printf("%-34s C=%3d x %d rows=%2d work=%4d: ", name[mode], size, clusters, rows, work);
   const cudaError_t status = finish(launch_in_clusters(cluster_probe, a, size, clusters, kThreads, smem), a);
   printf(" %s\n", status == cudaSuccess ? "" : cudaGetErrorString(status));
@@ -517,28 +564,42 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int KR, int H>  // k ranges; A fragments a warp holds in registers (whole k steps: 3 tiles each)
+// Where the step's buffers keep element (row r, column col): the units a
+// CTA are known at compile time here, so the slice layouts cost no division.
+constexpr int kSliceStride = kStepUnits + kSlicePad, kSliceHalves = kStepRows * kSliceStride;
+__device__ __forceinline__ int step_at(int mode, int r, int col) {
+  return mode == kPushStores ? r * kRow + col
+                             : col / kStepUnits * kSliceHalves + r * kSliceStride + col % kStepUnits;
+}
+constexpr int kPartialStride = kStepRows + 1;  // a gate row's partial sums: the cell reads them bank-free
+
+// KR: k ranges; H: A fragments a warp holds in registers (whole k steps: 3
+// tiles each); M: the ClusterMode (at compile time, so that only kBulkSlices's
+// k loop has waits in it: each is a compiler barrier to the loads around it).
+template <int KR, int H, int M>
 __global__ void __launch_bounds__(96 * KR, 1) step_probe(StepArgs a) {
-  constexpr int kStepWarps = 3 * KR, kStepThreads = 96 * KR, kKRanges = KR, kKSteps = kCols / 16 / KR;
+  constexpr int kStepThreads = 96 * KR, kKRanges = KR, kKSteps = kCols / 16 / KR;
   constexpr int kFrags = 3 * kKSteps;
   static_assert(H % 3 == 0 && H <= kFrags, "held fragments: whole k steps of the warp's three tiles");
   static_assert(kStepThreads >= kStepUnits * kStepRows, "a thread for each of the cell's (unit, row)");
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t bars = smem_address(smem);
-  uint16_t* hbuf = reinterpret_cast<uint16_t*>(smem + 128);                     // [2][kRows * kRow]
-  float* partial = reinterpret_cast<float*>(smem + 128 + 2 * kBlockBytes);      // [warp][3 tiles][lane][4]
-  uint4* staged = reinterpret_cast<uint4*>(partial + kStepWarps * 3 * 32 * 4);  // [warp][kFrags - H][lane]
-  const ClusterLayout L = cluster_layout(a.mode, kStepRows);
+  uint16_t* hbuf = reinterpret_cast<uint16_t*>(smem + kHeader);  // [2][kBufHalves]
+  float* partial =
+      reinterpret_cast<float*>(smem + kHeader + 4 * kBufHalves);  // [KR][kGateRows][kPartialStride]
+  uint4* staged =
+      reinterpret_cast<uint4*>(partial + KR * kGateRows * kPartialStride);  // [warp][kFrags - H][lane]
+  const ClusterLayout L = cluster_layout(M, kStepRows);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, group = warp / kKRanges,
             krange = warp % kKRanges;
-  const int g = lane / 4, c2 = lane % 4 * 2;
+  const int g = lane / 4, c2 = lane % 4 * 2, k0 = krange * kKSteps;
 
   // This warp's fragments of this CTA's rows: m16n8k16's A layout.
   const uint16_t* w = a.w + static_cast<size_t>(L.rank) * kGateRows * kCols;
   uint32_t held[H > 0 ? H : 1][4];
 #pragma unroll
   for (int j = 0; j < kFrags; ++j) {
-    const int row = (group * 3 + j % 3) * 16 + g, k = (krange * kKSteps + j / 3) * 16 + c2;
+    const int row = (group * 3 + j % 3) * 16 + g, k = (k0 + j / 3) * 16 + c2;
     const uint32_t f[4] = {*reinterpret_cast<const uint32_t*>(w + row * kCols + k),
                            *reinterpret_cast<const uint32_t*>(w + (row + 8) * kCols + k),
                            *reinterpret_cast<const uint32_t*>(w + row * kCols + k + 8),
@@ -551,9 +612,9 @@ __global__ void __launch_bounds__(96 * KR, 1) step_probe(StepArgs a) {
   }
   for (int e = tid; e < kStepRows * kCols; e += kStepThreads) {  // h_0, whole, in buffer 0
     const __half v = __float2half(h0_value(e / kCols, e % kCols));
-    hbuf[L.at(e / kCols, e % kCols)] = *reinterpret_cast<const uint16_t*>(&v);
+    hbuf[step_at(M, e / kCols, e % kCols)] = *reinterpret_cast<const uint16_t*>(&v);
   }
-  cluster_start(bars, L.bytes_in());  // also the CTA's barrier after the writes above
+  cluster_start(L, bars);  // also the CTA's barrier after the writes above
 
   const int unit = tid % kStepUnits, brow = tid / kStepUnits;  // the cell's (unit, row), tid < 384
   float cell = 0.f;
@@ -561,14 +622,29 @@ __global__ void __launch_bounds__(96 * KR, 1) step_probe(StepArgs a) {
   for (int n = 0; n < a.steps; ++n) {
     if (n == 100 && blockIdx.x == 0 && tid == 0) a.times[0] = timer_ns();
     const long long t0 = clock64();
-    const uint16_t* h = hbuf + (n & 1) * kRows * kRow;
-    uint16_t* next = hbuf + ((n + 1) & 1) * kRows * kRow;
+    const uint16_t* h = hbuf + (n & 1) * kBufHalves;
+    uint16_t* next = hbuf + ((n + 1) & 1) * kBufHalves;
+    // kBulkSlices: step n - 1's exchange filled this parity's slices (phase (n - 1) / 2 of their mbarriers)
+    const uint32_t in_bars = bars + 8 * L.bars() * (n & 1);
+    const int in_phase = ((n - 1) >> 1) & 1;
+    const bool by_slice = M == kBulkSlices && n > 0;
     float acc[3][4] = {};
+    uint4 pre[3][3];  // the staged A fragments of k steps s0 .. s0 + 2, loaded before any wait among them
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s) {
-      const int k = (krange * kKSteps + s) * 16 + c2;
-      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(h + L.at(g, k));
-      const uint32_t b1 = *reinterpret_cast<const uint32_t*>(h + L.at(g, k + 8));
+      if (s % 3 == 0) {
+#pragma unroll
+        for (int q = 0; q < 9; ++q) {
+          const int j = s * 3 + q;
+          if (j >= H && j < kFrags) pre[q / 3][q % 3] = staged[(warp * (kFrags - H) + j - H) * 32 + lane];
+        }
+      }
+      const int ks = k0 + s, slice = ks / 3;  // 3 k steps of 16 a CTA's slice of 48 columns
+      if (by_slice && (s == 0 || ks % 3 == 0) && slice != L.rank) wait_slice(in_bars, slice, in_phase);
+      const int at = M == kPushStores ? g * kRow + ks * 16 + c2
+                                      : slice * kSliceHalves + g * kSliceStride + ks % 3 * 16 + c2;
+      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(h + at);
+      const uint32_t b1 = *reinterpret_cast<const uint32_t*>(h + at + 8);
 #pragma unroll
       for (int m = 0; m < 3; ++m) {
         const int j = s * 3 + m;
@@ -576,27 +652,28 @@ __global__ void __launch_bounds__(96 * KR, 1) step_probe(StepArgs a) {
         if (j < H) {
           for (int q = 0; q < 4; ++q) f[q] = held[j < H ? j : 0][q];
         } else {
-          const uint4 v = staged[(warp * (kFrags - H) + j - H) * 32 + lane];
+          const uint4 v = pre[s % 3][m];
           f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
         }
         mma16816(acc[m], f, b0, b1);
       }
     }
+    // D of tile t: lane (g, c2) holds rows g and g + 8, columns (batch rows) c2 and c2 + 1.
 #pragma unroll
-    for (int m = 0; m < 3; ++m)
-      *reinterpret_cast<float4*>(partial + ((warp * 3 + m) * 32 + lane) * 4) =
-          make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+    for (int m = 0; m < 3; ++m) {
+      float* d = partial + (krange * kGateRows + (group * 3 + m) * 16 + g) * kPartialStride + c2;
+      d[0] = acc[m][0], d[1] = acc[m][1];
+      d[8 * kPartialStride] = acc[m][2], d[8 * kPartialStride + 1] = acc[m][3];
+    }
     __syncthreads();
+    if (by_slice) rearm_slices(L, in_bars, in_phase);
     const long long t1 = clock64();
     if (tid < kStepUnits * kStepRows) {
       float z[3];
       for (int gate = 0; gate < 3; ++gate) {
-        // D[m][n] of tile t: lane (m % 8) * 4 + n / 2, element (m / 8) * 2 + n % 2, summed over the k ranges.
-        const int row = gate * kStepUnits + unit, tile = row / 16, m = row % 16;
-        const int at = (m % 8 * 4 + brow / 2) * 4 + m / 8 * 2 + brow % 2;
+        const int row = gate * kStepUnits + unit;
         float sum = 0.f;
-        for (int r = 0; r < kKRanges; ++r)
-          sum += partial[((tile / 3 * kKRanges + r) * 3 + tile % 3) * 32 * 4 + at];
+        for (int r = 0; r < kKRanges; ++r) sum += partial[(r * kGateRows + row) * kPartialStride + brow];
         z[gate] = sum;
         if (n == 0) a.gates[(blockIdx.x * kGateRows + row) * kStepRows + brow] = sum;
       }
@@ -604,12 +681,12 @@ __global__ void __launch_bounds__(96 * KR, 1) step_probe(StepArgs a) {
       const float cand = z[2] > 0.f ? z[2] : __expf(z[2]) - 1.f;
       cell += i * cand;
       const __half v = __float2half(tanhf(cell) * o);
-      next[L.at(brow, L.rank * kStepUnits + unit)] = *reinterpret_cast<const uint16_t*>(&v);
+      next[step_at(M, brow, L.rank * kStepUnits + unit)] = *reinterpret_cast<const uint16_t*>(&v);
     }
     const long long t2 = clock64();
-    // Step n's rows go through buffer and mbarrier (n + 1) % 2; mbarrier b's
-    // uses are steps b ^ 1, b ^ 1 + 2, ...: phase n / 2.
-    cluster_exchange(L, next, bars + 8 * ((n + 1) & 1), (n >> 1) & 1);
+    // Step n's rows go through buffer and mbarriers (n + 1) % 2; an mbarrier
+    // of parity b is used by steps b ^ 1, b ^ 1 + 2, ...: phase n / 2.
+    cluster_exchange(L, next, bars + 8 * L.bars() * ((n + 1) & 1), (n >> 1) & 1);
     if (n >= 100 && blockIdx.x == 0 && tid == 0) {
       const long long t3 = clock64();
       spent[0] += t1 - t0, spent[1] += t2 - t1, spent[2] += t3 - t2;
@@ -635,7 +712,7 @@ const std::vector<float>& step0_gates() {
   return want;
 }
 
-template <int KR, int H>
+template <int KR, int H, int M>
 void run_step(ClusterMode mode, int clusters, const uint16_t* w) {
   constexpr int kStepWarps = 3 * KR, kFrags = 3 * kCols / 16 / KR;
   StepArgs a{};
@@ -647,11 +724,12 @@ void run_step(ClusterMode mode, int clusters, const uint16_t* w) {
   cudaMalloc(&a.times, 16);
   cudaMalloc(&a.cycles, 24);
   cudaMemset(a.gates, 0xff, gates * 4);  // NaN: a sum never written fails the check
-  const int smem = 128 + 2 * kBlockBytes + kStepWarps * 3 * 32 * 16 + kStepWarps * (kFrags - H) * 32 * 16;
-  const char* name[] = {"st.async", "bulk copies", "barrier + loads"};
+  const int smem =
+      kHeader + 4 * kBufHalves + KR * kGateRows * kPartialStride * 4 + kStepWarps * (kFrags - H) * 32 * 16;
+  const char* name[] = {"st.async", "bulk copies", "barrier + loads", "bulk, slice waits"};
   printf("LLTM step, 16 CTAs x %d, %2d warps, %2d of %2d held, %-15s (%3d KB smem): ", clusters, kStepWarps,
          H, kFrags, name[mode], smem / 1024);
-  const cudaError_t status = launch_in_clusters(step_probe<KR, H>, a, 16, clusters, kStepWarps * 32, smem);
+  const cudaError_t status = launch_in_clusters(step_probe<KR, H, M>, a, 16, clusters, kStepWarps * 32, smem);
   unsigned long long t[2] = {};
   long long cycles[3] = {};
   std::vector<float> got(gates);
@@ -671,6 +749,20 @@ void run_step(ClusterMode mode, int clusters, const uint16_t* w) {
   cudaFree(a.cycles);
 }
 
+template <int KR, int H>
+void run_steps_of(ClusterMode mode, int clusters, const uint16_t* w) {
+  switch (mode) {
+    case kPushStores:
+      return run_step<KR, H, kPushStores>(mode, clusters, w);
+    case kPushBulk:
+      return run_step<KR, H, kPushBulk>(mode, clusters, w);
+    case kPull:
+      return run_step<KR, H, kPull>(mode, clusters, w);
+    case kBulkSlices:
+      return run_step<KR, H, kBulkSlices>(mode, clusters, w);
+  }
+}
+
 void run_steps() {
   const size_t count = size_t(16) * kGateRows * kCols;
   std::vector<uint16_t> host(count);
@@ -681,12 +773,12 @@ void run_steps() {
   uint16_t* w = nullptr;
   cudaMalloc(&w, count * 2);
   cudaMemcpy(w, host.data(), count * 2, cudaMemcpyHostToDevice);
-  for (ClusterMode mode : {kPushStores, kPushBulk, kPull}) {
+  for (ClusterMode mode : {kPushStores, kPushBulk, kPull, kBulkSlices}) {
     for (int clusters : {1, 2}) {
-      run_step<4, 18>(mode, clusters, w);
-      run_step<4, 24>(mode, clusters, w);
-      run_step<4, 30>(mode, clusters, w);
-      run_step<6, 12>(mode, clusters, w);
+      run_steps_of<4, 18>(mode, clusters, w);
+      run_steps_of<4, 24>(mode, clusters, w);
+      run_steps_of<4, 30>(mode, clusters, w);
+      run_steps_of<6, 12>(mode, clusters, w);
     }
   }
   cudaFree(w);
@@ -751,7 +843,7 @@ int main() {
   for (int work : {0, 1700}) {
     for (int rows : {8, 16}) {
       for (int size : {8, 16}) {
-        for (ClusterMode mode : {kPushStores, kPushBulk, kPull}) {
+        for (ClusterMode mode : {kPushStores, kPushBulk, kPull, kBulkSlices}) {
           for (int clusters : {1, 2}) run_cluster(mode, size, clusters, rows, work);
         }
       }
