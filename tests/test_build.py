@@ -73,16 +73,17 @@ def test_nvcc_release_and_the_multicast_advisory_flag(tmp_path, monkeypatch, ban
         _sources.nvcc_release.cache_clear()
 
 
-def test_grid_exchange_probe_compiles(tmp_path):
-    """scripts/grid_exchange_probe.cu, the measurement behind the grid exchange's protocol
-    (docs/benchmarks-history.md, section 50), still compiles for sm_90 with the toolkit's nvcc, so
-    a rerun on a GPU does not start with a repair."""
+@pytest.mark.parametrize("name", ["grid_exchange_probe.cu", "tf32_split_probe.cu"])
+def test_probe_compiles(tmp_path, name):
+    """The scripts/ probes behind measured decisions (docs/benchmarks-history.md: the grid and
+    cluster exchanges, sections 50-52; the split-TF32 dot's error and cost, section 52) still
+    compile for sm_90 with the toolkit's nvcc, so a rerun on a GPU does not start with a repair."""
     nvcc = shutil.which("nvcc") or (
         os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc") if cpp_extension.CUDA_HOME else None
     )
     if not nvcc or not os.access(nvcc, os.X_OK):
         pytest.skip("no nvcc")
-    probe = os.path.join(os.path.dirname(__file__), "..", "scripts", "grid_exchange_probe.cu")
+    probe = os.path.join(os.path.dirname(__file__), "..", "scripts", name)
     done = subprocess.run(
         [nvcc, "-arch=sm_90", "-O3", "-std=c++17", "-c", probe, "-o", str(tmp_path / "probe.o")],
         capture_output=True,
