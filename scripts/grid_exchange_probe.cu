@@ -298,6 +298,8 @@ struct ClusterLayout {
   __device__ uint32_t bytes_in() const { return (mode == kBulkSlices ? 1 : ctas - 1) * bytes_sent(); }
   // mbarriers a parity: one a slice (kBulkSlices; this CTA's own is never armed) or one
   __device__ int bars() const { return mode == kBulkSlices ? ctas : 1; }
+  // the first mbarrier of parity p, of the two parities' laid out from `bars`
+  __device__ uint32_t parity_bars(uint32_t bars, int p) const { return bars + 8 * this->bars() * p; }
 };
 
 __device__ ClusterLayout cluster_layout(int mode, int rows) {
@@ -415,12 +417,12 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_probe(Args a) {
       const int r = e / L.units;
       mine[L.at(r, L.rank * L.units + e % L.units)] = uint16_t(n * 7 + L.rank + r);
     }
-    cluster_exchange(L, mine, bars + 8 * L.bars() * p, phase);
+    cluster_exchange(L, mine, L.parity_bars(bars, p), phase);
     if (L.mode == kBulkSlices) {  // every slice, in turn
       for (int j = 0; j < L.ctas; ++j) {
-        if (j != L.rank) wait_slice(bars + 8 * L.bars() * p, j, phase);
+        if (j != L.rank) wait_slice(L.parity_bars(bars, p), j, phase);
       }
-      rearm_slices(L, bars + 8 * L.bars() * p, phase);
+      rearm_slices(L, L.parity_bars(bars, p), phase);
     }
     for (int e = tid; e < a.rows * kCols; e += kThreads * 7) {
       const int r = e / kCols, col = e % kCols;
@@ -625,7 +627,7 @@ __global__ void __launch_bounds__(96 * KR, 1) step_probe(StepArgs a) {
     const uint16_t* h = hbuf + (n & 1) * kBufHalves;
     uint16_t* next = hbuf + ((n + 1) & 1) * kBufHalves;
     // kBulkSlices: step n - 1's exchange filled this parity's slices (phase (n - 1) / 2 of their mbarriers)
-    const uint32_t in_bars = bars + 8 * L.bars() * (n & 1);
+    const uint32_t in_bars = L.parity_bars(bars, n & 1);
     const int in_phase = ((n - 1) >> 1) & 1;
     const bool by_slice = M == kBulkSlices && n > 0;
     float acc[3][4] = {};
@@ -686,7 +688,7 @@ __global__ void __launch_bounds__(96 * KR, 1) step_probe(StepArgs a) {
     const long long t2 = clock64();
     // Step n's rows go through buffer and mbarriers (n + 1) % 2; an mbarrier
     // of parity b is used by steps b ^ 1, b ^ 1 + 2, ...: phase n / 2.
-    cluster_exchange(L, next, bars + 8 * L.bars() * ((n + 1) & 1), (n >> 1) & 1);
+    cluster_exchange(L, next, L.parity_bars(bars, (n + 1) & 1), (n >> 1) & 1);
     if (n >= 100 && blockIdx.x == 0 && tid == 0) {
       const long long t3 = clock64();
       spent[0] += t1 - t0, spent[1] += t2 - t1, spent[2] += t3 - t2;
