@@ -38,7 +38,8 @@
 #             cycles per phase of a persistent kernel's step; rebuilds without the clocks after
 #   probe     (not in the default list; needs no build) scripts/grid_exchange_probe.cu compiled for
 #             sm_90 and run: the grid's and the cluster's exchange protocols alone and the cluster
-#             design's whole LLTM step at FlashRNN's point (ns a step; every reload checked)
+#             design's whole LLTM step at FlashRNN's point (ns a step; every reload checked); then
+#             scripts/tf32_split_probe.cu: the float32 tile dot's error and cost in four forms
 #   compile   lltm train --compile against eager (charlm, hidden 256, batch 64, seq 128):
 #             python -m lltm.bench.train_step (steady steps interleaved, the modes' costliest
 #             ops), then two real runs whose summaries give warm-up and steady state apart
@@ -284,11 +285,12 @@ EOF
       grep -E "^lltm train step|^ +(mode|eager|default|reduce-overhead) \||^\| lltm" "$OUT/compile.log" >>"$SUMMARY"
       ;;
     probe)
-      run_stage probe 240 bash -c "nvcc -arch=sm_90 -O3 -std=c++17 -o '$OUT/grid_exchange_probe' \
-        scripts/grid_exchange_probe.cu && '$OUT/grid_exchange_probe'"
+      for probe in grid_exchange_probe tf32_split_probe; do
+        run_stage probe 240 bash -c "nvcc -arch=sm_90 -O3 -std=c++17 -o '$OUT/$probe' scripts/$probe.cu && '$OUT/$probe'"
+        rm -f "$OUT/$probe"
+      done
       grep -E "wrong|no progress|needs a GPU" "$OUT/probe.log" | grep -vE " 0 wrong" | head -n 5 | sed 's/^/          /' | tee -a "$SUMMARY"
-      grep -E "^LLTM step" "$OUT/probe.log" | sed 's/^/          /' | tee -a "$SUMMARY"
-      rm -f "$OUT/grid_exchange_probe"
+      grep -E "^LLTM step|relative error" "$OUT/probe.log" | sed 's/^/          /' | tee -a "$SUMMARY"
       ;;
     phases)
       LLTM_STEP_CLOCKS=1 run_stage phases "${BUILD_LIMIT:-480}" "$PYTHON" setup.py -q build_ext --inplace
