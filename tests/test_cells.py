@@ -454,6 +454,8 @@ CUDA_PATHS = [
     ("grid", "fma"),
     ("grid", "mma"),
     ("cluster", "mma"),
+    ("grid", "mma-3xtf32"),
+    ("cluster", "mma-3xtf32"),
     ("loop", None),
 ]
 # (T, B, I, S): units and rows that divide into no split evenly, one row, and a wide state
@@ -469,15 +471,18 @@ def _cluster_kernels_here() -> bool:
 def _force_path(monkeypatch, torch_settings, path, dot):
     """Forces the CUDA time loop `path` (and the persistent kernels' `dot`); skips where the build has
     no cluster kernels. Returns (dtype, tolerance): float64 to 1e-12 on the FMA dots and the loop,
-    float32 on TF32 to 5e-3 on the tensor-core dot."""
+    float32 on TF32 to 5e-3 on the tensor-core dot, float32 as 3xTF32 (lltm's accurate mode) to 1e-5."""
     if path == "cluster" and not _cluster_kernels_here():
         pytest.skip("no thread-block cluster kernels on this device or build")
     monkeypatch.setenv("LLTM_SEQ_PATH", path)
     if dot is not None:
-        monkeypatch.setenv("LLTM_SEQ_DOT", dot)
+        monkeypatch.setenv("LLTM_SEQ_DOT", dot.split("-")[0])
     if dot == "mma":
         torch_settings.set(matmul_tf32=True)
         return torch.float32, 5e-3
+    if dot == "mma-3xtf32":
+        torch_settings.set(lltm_fp32_precision="accurate")
+        return torch.float32, 1e-5
     return torch.float64, 1e-12
 
 
@@ -488,13 +493,17 @@ def _force_path(monkeypatch, torch_settings, path, dot):
 @pytest.mark.parametrize("cell", SEAM, ids=lambda c: c.name)
 def test_cuda_paths_match_reference(monkeypatch, torch_settings, cell, path, dot, shape):
     """Every time loop of the fused CUDA operators, forced, for every cell: float64 on the FMA dots,
-    float32 with TF32 allowed on the tensor-core dot (within 5e-3), with lengths, every gradient."""
+    float32 with TF32 allowed on the tensor-core dot (within 5e-3) and as 3xTF32 in lltm's accurate
+    mode (within 1e-5), with lengths, every gradient."""
     dtype, tol = _force_path(monkeypatch, torch_settings, path, dot)
     T, B, I, S = shape
     args = make_layer(cell, T, B, I, S, device="cuda", dtype=dtype, seed=B + S)
     lengths = torch.randint(0, T + 1, (B,), generator=torch.Generator().manual_seed(S)).cuda()
-    plan = torch.ops.lltm._fused_cuda_seq_plan(False, T, B, S, dtype, 0, cell.name)
-    assert plan.splitlines()[0].endswith(path), plan
+    for backward in (False, True):
+        plan = torch.ops.lltm._fused_cuda_seq_plan(backward, T, B, S, dtype, 0, cell.name)
+        assert plan.splitlines()[0].endswith(path), plan
+        if dot == "mma-3xtf32":
+            assert " dot=mma 3xtf32 " in plan, plan
     got = outputs_and_grads(run(cell, "fused"), args, lengths)
     exact = [
         a.double() if torch.is_tensor(a) else (tuple(s.double() for s in a) if isinstance(a, tuple) else a)

@@ -98,5 +98,5 @@ def test_collect_names_an_unknown_precision(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         plan_fit.main(["collect", "--out", str(tmp_path / "trials.jsonl"), "--precisions", "fp16,fp32"])
     assert exit_info.value.code == 2
-    assert "--precisions: fp32 unknown; use fp16, bf16, tf32, strict" in capsys.readouterr().err
+    assert "--precisions: fp32 unknown; use fp16, bf16, tf32, accurate, strict" in capsys.readouterr().err
     assert not (tmp_path / "trials.jsonl").exists()

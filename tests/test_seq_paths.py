@@ -147,6 +147,30 @@ def test_mma_paths_half_precision_match_fma(monkeypatch, use_path, path, shape, 
         assert mma <= 2 * fma + 1e-3, f"{name}: MMA error {mma:.2e} > 2 x the FMA dot's {fma:.2e}"
 
 
+@pytest.mark.parametrize("path", MMA_PATHS)
+@pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
+def test_accurate_mode_mma_is_3xtf32_at_fma_accuracy(monkeypatch, use_path, torch_settings, path, shape):
+    """lltm's accurate mode on the tensor-core dot: float32's step products as 3xTF32 (the plans say so,
+    forward and backward), every odd shape of SHAPES with lengths: outputs and every gradient as close
+    to the float64 reference as the strict FMA dot in the same mode (within twice its error, plus
+    2e-6 where both are near float32's resolution; plain TF32's are ~1e-3)."""
+    T, B, _, S = shape
+    args = make_seq(*shape, device="cuda", dtype=torch.float32, seed=sum(shape))
+    lengths = torch.randint(0, T + 1, (B,), generator=torch.Generator().manual_seed(B)).cuda()
+    ref = _outputs_and_grads(lltm_reference, [a.detach().double().requires_grad_() for a in args], lengths)
+    torch_settings.set(lltm_fp32_precision="accurate")
+    errors = {}
+    for p, dot in ((path.split("-")[0], "fma"), (path, "mma")):
+        use_path(p)  # (TF32 allowed in torch for "-mma": lltm's own setting still rules its kernels)
+        want = " dot=mma 3xtf32 " if dot == "mma" else " dot=fma"
+        assert all(want in _plan(bw, T, B, S) for bw in (False, True))
+        got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args, lengths)
+        assert all(torch.isfinite(g).all() for g in got)
+        errors[dot] = [_rel_err(g, r) for g, r in zip(got, ref)]
+    for name, mma, fma in zip(("output", "h_n", "c_n") + NAMES, errors["mma"], errors["fma"]):
+        assert mma <= 2 * fma + 2e-6, f"{name}: 3xTF32 error {mma:.2e} > 2 x the FMA dot's {fma:.2e}"
+
+
 # (path, S, CTAs a chunk, B, W_hh's place forward, backward): the LLTM's plans (3 gates) whose warps
 # hold W_hh's A fragments, every k step ("regs") or the first ones ("regs+smem"; the backward's the
 # first of each gate segment's share); tests/test_cells.py's test_holds_w_in_registers has the

@@ -49,6 +49,7 @@ MODEL: dict[str, float] = {
     "mma_chain": 72.5,
     "mma_pipe": 3.99,
     "mma_step_offset": 327,
+    "mma_3xtf32_chain": 1.29,
     "cell_row_cycles": 1100,
     "fma_regs_factor": 0.712,
     "cluster_mma_factor": 1.34,
@@ -57,8 +58,8 @@ FIXED = ("loop_gemm_tile_rows",)  # not fitted
 SIGNED = ("mma_step_offset",)  # fitted on a linear scale (may be negative)
 
 GATES = {"lltm": 3, "lstm": 4, "gru": 3}
-# lltm.bench.precision's modes that collect runs in (bf16 shares fp16's tuner classes; "accurate" strict's).
-PRECISIONS = ("fp16", "bf16", "tf32", "strict")
+# lltm.bench.precision's modes that collect runs in (bf16 shares fp16's tuner classes).
+PRECISIONS = ("fp16", "bf16", "tf32", "accurate", "strict")
 MISS = 1.10  # a pick this much slower than the fastest timed plan is a miss
 
 
@@ -72,6 +73,7 @@ class Problem:
     elem: int
     tensor_cores: bool
     is_double: bool = False
+    tf32x3: bool = False  # float32's MMA dot as 3xTF32 (the accurate mode)
 
 
 @dataclass
@@ -126,10 +128,13 @@ def _mma_dot_cycles(p: Problem, s: dict, k: dict) -> float:
     per_task = math.ceil(ksteps / s["ksplit"])
     a_loads = 4.0 * (1.0 - _held_share(p, s))  # A held in registers is not loaded each step
     loads = a_loads * s["mstack"] + 2 * nt
-    rnd = loads if p.elem == 4 else 0
-    issue = k["issue_factor"] * (loads + rnd + s["mstack"] * nt)
-    chains = tasks * per_task * max(k["mma_chain"] / 2, issue)
-    tensor = s["mtiles"] * ksteps * nt * k["mma_pipe"] / 4
+    mmas = 3.0 if p.tf32x3 else 1.0  # 3xTF32: three MMAs a tile, each word split, the two results added
+    rnd = (3.0 if p.tf32x3 else 1.0) * loads if p.elem == 4 else 0
+    adds = 8.0 * s["mstack"] * nt if p.tf32x3 else 0.0
+    issue = k["issue_factor"] * (loads + rnd + mmas * s["mstack"] * nt + adds)
+    chain = k["mma_chain"] * (k["mma_3xtf32_chain"] if p.tf32x3 else 1.0)
+    chains = tasks * per_task * max(chain / 2, issue)
+    tensor = mmas * s["mtiles"] * ksteps * nt * k["mma_pipe"] / 4
     smem = ksteps * (a_loads * s["mtiles"] + 2 * nt * task_rows)
     return max(chains, tensor, smem) + k["mma_step_offset"]
 
@@ -233,6 +238,7 @@ def load(paths: Iterable[str]) -> tuple[list[Case], int]:
                         record["S"],
                         elem,
                         elem == 2 or record["prec"] == "tf32",
+                        tf32x3=record["prec"] == "accurate",
                     )
                     # The tuner's class (seq_tune.cpp's class_key): bf16 and fp16 share one, timed once.
                     key = (
@@ -241,6 +247,7 @@ def load(paths: Iterable[str]) -> tuple[list[Case], int]:
                         direction,
                         elem,
                         problem.tensor_cores,
+                        problem.tf32x3,
                         record["B"],
                         record["S"],
                         record["T"],

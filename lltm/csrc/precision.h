@@ -76,6 +76,15 @@ inline bool tf32_products(bool backward) {
   return fp32_mode() == Fp32Mode::kTf32;
 }
 
+// Whether the persistent kernels' MMA dot may run a pass's float32 step
+// products as 3xTF32 (persistent_dots.cuh's Tf32x3): in the accurate mode,
+// both passes. Its zero accumulator each k step keeps it at about the FMA
+// dot's accuracy, where 3xTF32 through cuBLAS's chained sums is not.
+inline bool split_tf32_steps(bool backward) {
+  (void)backward;
+  return fp32_mode() == Fp32Mode::kAccurate;
+}
+
 // Whether the fused CUDA backend runs the float32 GEMMs over all T*B rows of
 // the backward (backward = true) or the forward pass as 3xTF32 now: the
 // backward's in the accurate mode, the forward's never.

@@ -39,6 +39,29 @@ namespace cuda_detail {
 constexpr int kKstepBytes = 32;  // one MMA k step of a shared-memory row
 constexpr int kMaxKsplit = 8;    // k slices of a task: at most the CTA's warps (kMaxThreads / 32)
 
+// The MMA dot's forms: the dtype's own (TF32 for float32, m16n8k16 for the
+// half types), or Tf32x3 on float32 rows (the accurate mode, precision.h):
+// each operand split into hi = tf32(x) and lo = tf32(x - hi), and per k
+// step lo_a hi_b + hi_a lo_b and hi_a hi_b as MMAs from a zero accumulator,
+// added to the step's sum in float32 outside the tensor cores. Chained
+// through the accumulator, mma.sync's truncated internal sums put a K =
+// 1024 dot at 12.5x the FMA dot's error; from zero each k step, at 0.4-0.6x
+// (docs/benchmarks-history.md, section 52). lo_a lo_b (2^-22 of a product)
+// is left out.
+struct Tf32x3 {};
+
+// The element type of the rows a form reads.
+template <typename Form>
+struct MmaStorage {
+  using type = Form;
+};
+template <>
+struct MmaStorage<Tf32x3> {
+  using type = float;
+};
+template <typename Form>
+using mma_storage_t = typename MmaStorage<Form>::type;
+
 __device__ __forceinline__ uint32_t to_tf32(uint32_t x) {
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(x)));
@@ -61,22 +84,47 @@ __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t address) 
 #endif
 }
 
-// d += a b for one 16 x 8 tile: m16n8k8 TF32 for float, m16n8k16 for half types.
-template <typename scalar_t>
+// cvt.rna.tf32.f32's rounding (to nearest, ties away from zero, 10 bits)
+// in integer arithmetic, for 3xTF32's splits: the compiler merges these
+// where one fragment meets several tiles, which it does not do for the
+// asm. (A NaN whose payload lies in the 13 bits dropped becomes an
+// infinity; its rest, x - hi, is NaN, so the product is NaN either way.)
+__device__ __forceinline__ uint32_t tf32_hi(uint32_t x) { return (x + 0x1000u) & 0xffffe000u; }
+
+// The rest of a float32 word past its TF32 rounding `hi`, rounded to TF32.
+__device__ __forceinline__ uint32_t tf32_lo(uint32_t x, uint32_t hi) {
+  return tf32_hi(__float_as_uint(__uint_as_float(x) - __uint_as_float(hi)));
+}
+
+// d += a b for one 16 x 8 tile: m16n8k8 TF32 for float (a, b rounded to
+// TF32 by the loads) and Tf32x3 (a, b float32 words), m16n8k16 for half types.
+template <typename Form>
 __device__ __forceinline__ void mma_tile(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (std::is_same_v<scalar_t, float>) {
+  if constexpr (std::is_same_v<Form, float>) {
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  } else if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+  } else if constexpr (std::is_same_v<Form, Tf32x3>) {
+    uint32_t ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) ah[q] = tf32_hi(a[q]), al[q] = tf32_lo(a[q], ah[q]);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) bh[q] = tf32_hi(b[q]), bl[q] = tf32_lo(b[q], bh[q]);
+    float small[4] = {0.f, 0.f, 0.f, 0.f}, big[4] = {0.f, 0.f, 0.f, 0.f};
+    mma_tile<float>(small, al, bh);
+    mma_tile<float>(small, ah, bl);
+    mma_tile<float>(big, ah, bh);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d[i] += big[i] + small[i];
+  } else if constexpr (std::is_same_v<Form, at::BFloat16>) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   } else {
-    static_assert(std::is_same_v<scalar_t, at::Half>, "MMA for float (TF32), bfloat16 and half only");
+    static_assert(std::is_same_v<Form, at::Half>, "MMA for float (TF32, 3xTF32), bfloat16 and half only");
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -214,10 +262,10 @@ __device__ __forceinline__ int task_tiles(int mstack, int ntiles) {
   return mstack >= 2 && mstack <= 4 && mstack <= mma_stack_max(ntiles) ? mstack : 1;
 }
 
-// The k steps (32 bytes each) of a row of `state` elements.
-template <typename scalar_t>
+// The k steps (32 bytes each) of a row of `state` elements (of form Form's rows).
+template <typename Form>
 __device__ __forceinline__ int mma_ksteps(int state) {
-  constexpr int kStep = kKstepBytes / static_cast<int>(sizeof(scalar_t));
+  constexpr int kStep = kKstepBytes / static_cast<int>(sizeof(mma_storage_t<Form>));
   return (state + kStep - 1) / kStep;
 }
 
@@ -292,7 +340,9 @@ __device__ __forceinline__ void store_tile(float* tile, int slice, int mtiles, i
 // out every MMA's latency and its fragments' loads): four where B is narrow
 // (the small-batch splits, whose long k slices are latency-bound), two
 // where NT tiles already give the warp independent MMAs; the sets are added
-// at the end in a fixed order.
+// at the end in a fixed order. 3xTF32 takes half as many: its three MMAs a
+// tile do not wait for the accumulator (only its float32 adds do), and its
+// split fragments need the registers.
 //
 // kSegMajor: a task's slice is its share of every segment (k steps [lo, hi)
 // of each), walked segment by segment with before(segment) first, instead
@@ -302,7 +352,7 @@ template <typename scalar_t, int NT, bool kSegMajor, typename Before>
 __device__ __forceinline__ void mma_dot_tiles(const MmaOperands& o, int segments, int ksteps, int mtiles,
                                               int ksplit, const WarpTask& first, float* tile,
                                               const Before& before) {
-  constexpr int kSets = NT <= 2 ? 4 : 2;
+  constexpr int kSets = (NT <= 2 ? 4 : 2) / (std::is_same_v<scalar_t, Tf32x3> ? 2 : 1);
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int total = segments * ksteps;
   for (int task = warp; task < mtiles * ksplit; task += warps) {
@@ -359,6 +409,9 @@ __device__ __forceinline__ void mma_dot_stacked(const MmaOperands& o, int segmen
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int total = segments * ksteps;
   const int mgroups = mtiles / MS;
+  // Two k steps a pass, one for 3xTF32 (its splits would hold twice the
+  // fragments' registers: spills at four rows a thread group).
+  constexpr int kUnroll = std::is_same_v<scalar_t, Tf32x3> ? 1 : 2;
   for (int task = warp; task < mgroups * ksplit; task += warps) {
     FragmentWalk walk;
     const TaskPlace at = place_task(first, task, mgroups, MS, total, ksplit, o, ksteps, walk);
@@ -369,7 +422,7 @@ __device__ __forceinline__ void mma_dot_stacked(const MmaOperands& o, int segmen
       for (int nt = 0; nt < NT; ++nt) acc[m][nt][0] = acc[m][nt][1] = acc[m][nt][2] = acc[m][nt][3] = 0.f;
     }
     auto range = [&](int from, int to) {
-#pragma unroll 2
+#pragma unroll(kUnroll)
       for (int k = from; k < to; ++k) {
         uint32_t af[MS][4], bf[NT][2];
         walk.load_b<scalar_t, NT>(bf);
@@ -421,10 +474,10 @@ __device__ __forceinline__ void mma_dot_nt(const MmaOperands& o, int segments, i
 // (Branches, not a switch: its jump table is a constant-bank load on the
 // step's critical path.) kSegMajor / before: mma_dot_tiles'.
 template <typename scalar_t, bool kSegMajor = false, typename Before = NoWait>
-__device__ __forceinline__ void mma_dot(const scalar_t* a, const scalar_t* b, int segments, int seg_rows,
-                                        int b_stride, int b_seg, int row, int state, int mtiles, int mstack,
-                                        int ntiles, int ksplit, const WarpTask& first, float* tile,
-                                        const Before& before = Before{}) {
+__device__ __forceinline__ void mma_dot(const mma_storage_t<scalar_t>* a, const mma_storage_t<scalar_t>* b,
+                                        int segments, int seg_rows, int b_stride, int b_seg, int row,
+                                        int state, int mtiles, int mstack, int ntiles, int ksplit,
+                                        const WarpTask& first, float* tile, const Before& before = Before{}) {
   const int ksteps = mma_ksteps<scalar_t>(state);
   const MmaOperands o = mma_operands(a, b, seg_rows, b_stride, b_seg, row);
   if (ntiles == 1) {

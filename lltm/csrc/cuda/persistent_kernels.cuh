@@ -3,7 +3,8 @@
 // policies; seq_persistent.cu has the overview, persistent_launch.cuh launches them.
 //
 // Template parameters: the Cell, the tensor dtype, NB batch rows per thread
-// group, the dot (kMma: tensor-core tiles; else FMA chains), W_hh's slice
+// group, the dot (kDot: FMA chains, or tensor-core tiles in the dtype's
+// form or as 3xTF32; persistent_params.cuh's DotKind), W_hh's slice
 // in registers (kRegW != 0: the FMA dot's chunks; the MMA dot's A
 // fragments, kRegW 1 of every k step of a warp's task, 2 of the first ones
 // with the rest read from shared memory) or in shared memory (0), and the
@@ -92,11 +93,16 @@ __device__ __forceinline__ bool unsupported_here() {
 // them up to 255; without one it took some to 128, with spills (sm_90: the
 // LSTM's float multicast forward, two rows a thread, 180 bytes). 0 leaves
 // the others to ptxas (the FMA kernels fit 2-4 CTAs an SM).
-template <bool kMma, typename Exchange>
-constexpr int kMinCtas = kMma && !Exchange::kClusterOnly ? 1 : 0;
+template <DotKind kDot, typename Exchange>
+constexpr int kMinCtas = kDot != DotKind::kFma && !Exchange::kClusterOnly ? 1 : 0;
 
-template <typename Cell, typename scalar_t, int NB, bool kMma, int kRegW, template <typename> class Exchange>
-__global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t>>))
+// The MMA dot's form for a kernel's dot and dtype (persistent_dots.cuh).
+template <DotKind kDot, typename scalar_t>
+using MmaForm = std::conditional_t<kDot == DotKind::kMma3xTf32, Tf32x3, scalar_t>;
+
+template <typename Cell, typename scalar_t, int NB, DotKind kDot, int kRegW,
+          template <typename> class Exchange>
+__global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t>>))
     seq_forward_persistent_kernel(const ForwardParams<scalar_t> p) {
   using acc_t = at::opmath_type<scalar_t>;
   using M = Activations<sizeof(scalar_t) <= 4>;  // fast activations for float math
@@ -104,6 +110,9 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   constexpr int V = 16 / sizeof(scalar_t);  // elements per 16-byte chunk
   constexpr int kRegChunks = kRegChunksOf<Cell>;
   constexpr bool kCluster = Exchange<scalar_t>::kClusterOnly;
+  constexpr bool kMma = kDot != DotKind::kFma;
+  using mma_t = MmaForm<kDot, scalar_t>;
+  static_assert(kDot != DotKind::kMma3xTf32 || std::is_same_v<scalar_t, float>, "3xTF32 is float32's");
   // W_hh in registers: the FMA dot's chunks, or the MMA dot's A fragments
   // (one B tile, NB = 1; persistent_dots.cuh's hold_a), all or the first.
   constexpr bool kFmaRegs = kRegW != 0 && !kMma, kHeldA = kRegW != 0 && kMma,
@@ -204,7 +213,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   scalar_t h_out[NB], y_out[NB], saved_out[NV][NB];  // step t's results
   // The MMA dot's first task of this warp, placed once (persistent_dots.cuh).
   [[maybe_unused]] WarpTask task{};
-  if constexpr (kMma) task = warp_task<scalar_t>(1, S, p.mtiles, p.mstack, Bp / 8, p.ksplit);
+  if constexpr (kMma) task = warp_task<mma_t>(1, S, p.mtiles, p.mstack, Bp / 8, p.ksplit);
   ex.start();  // (its barrier also ends the staging of w_s)
   [[maybe_unused]] HeldA held;
   [[maybe_unused]] bool holds = false;
@@ -226,7 +235,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
           mma_dot_held<scalar_t, 1, kHeldPart>(w_s, h_cur, 0, 0, row, S, p.mtiles, p.mstack, task, held,
                                                tile);
       } else {
-        mma_dot<scalar_t>(w_s, h_cur, 1, 0, row, 0, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, task, tile);
+        mma_dot<mma_t>(w_s, h_cur, 1, 0, row, 0, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, task, tile);
       }
       __syncthreads();
       clk.mark(0);
@@ -352,11 +361,12 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   clk.trace_report(kCluster ? "forward cluster" : "forward grid", p.group);
   clk.report(kCluster ? "forward cluster" : "forward grid",
              {"dot", "reduce", "cell+put", "arrive", "stores+loads", "wait"}, p.steps, p.rows, J, p.group,
-             dot_name<kMma, kRegW>());
+             dot_name<kDot, kRegW>());
 }
 
-template <typename Cell, typename scalar_t, int NB, bool kMma, int kRegW, template <typename> class Exchange>
-__global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t>>))
+template <typename Cell, typename scalar_t, int NB, DotKind kDot, int kRegW,
+          template <typename> class Exchange>
+__global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t>>))
     seq_backward_persistent_kernel(const BackwardParams<scalar_t> p) {
   using acc_t = at::opmath_type<scalar_t>;
   using M = Activations<sizeof(scalar_t) <= 4>;
@@ -364,6 +374,9 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   constexpr int V = 16 / sizeof(scalar_t);
   constexpr int kRegChunks = kRegChunksOf<Cell>;
   constexpr bool kCluster = Exchange<scalar_t>::kClusterOnly;
+  constexpr bool kMma = kDot != DotKind::kFma;
+  using mma_t = MmaForm<kDot, scalar_t>;
+  static_assert(kDot != DotKind::kMma3xTf32 || std::is_same_v<scalar_t, float>, "3xTF32 is float32's");
   // The grid exchanges reload dzh_t's gate blocks one by one (sm_90: an
   // mbarrier each): the MMA dot walks k segment by segment, every warp
   // starting on gate 0, and waits for each block as it reaches it. The
@@ -506,7 +519,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
     }
   }
   [[maybe_unused]] WarpTask task{};  // the MMA dot's (see the forward kernel)
-  if constexpr (kMma) task = warp_task<scalar_t>(G, S, p.mtiles, p.mstack, Bp / 8, p.ksplit);
+  if constexpr (kMma) task = warp_task<mma_t>(G, S, p.mtiles, p.mstack, Bp / 8, p.ksplit);
   ex.start();  // (its barrier also ends the staging of wt_s)
   [[maybe_unused]] HeldA held;
   [[maybe_unused]] bool holds = false;
@@ -595,8 +608,8 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
           mma_dot_held<scalar_t, G, kHeldPart>(wt_s, x_cur, J, Bp * row, row, S, p.mtiles, p.mstack, task,
                                                held, tile, wait_gate);
       } else {
-        mma_dot<scalar_t, true>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, p.mstack, Bp / 8,
-                                p.ksplit, task, tile, wait_gate);
+        mma_dot<mma_t, true>(wt_s, x_cur, G, J, row, Bp * row, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit,
+                             task, tile, wait_gate);
       }
       __syncthreads();
       clk.mark(4);
@@ -673,7 +686,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kMma, Exchange<scalar_t
   }
   clk.report(kCluster ? "backward cluster" : "backward grid",
              {"cell+put", "arrive", "stores+loads", "wait", "dot", "reduce"}, p.steps, p.rows, J, p.group,
-             dot_name<kMma, kRegW>());
+             dot_name<kDot, kRegW>());
   // The gradients of the initial states, and the bias sums of each batch row.
 #pragma unroll
   for (int n = 0; n < NB; ++n) {

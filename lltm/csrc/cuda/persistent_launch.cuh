@@ -36,40 +36,40 @@ namespace {
 template <typename Params>
 using Kernel = void (*)(Params);
 
-template <typename Cell, typename scalar_t, bool kBackward, int NB, bool kMma, int kRegW,
+template <typename Cell, typename scalar_t, bool kBackward, int NB, DotKind kDot, int kRegW,
           template <typename> class Exchange>
 constexpr auto kernel_instance() {
   if constexpr (kBackward) {
-    return &seq_backward_persistent_kernel<Cell, scalar_t, NB, kMma, kRegW, Exchange>;
+    return &seq_backward_persistent_kernel<Cell, scalar_t, NB, kDot, kRegW, Exchange>;
   } else {
-    return &seq_forward_persistent_kernel<Cell, scalar_t, NB, kMma, kRegW, Exchange>;
+    return &seq_forward_persistent_kernel<Cell, scalar_t, NB, kDot, kRegW, Exchange>;
   }
 }
 
-template <typename Cell, typename scalar_t, bool kBackward, bool kMma, int kRegW,
+template <typename Cell, typename scalar_t, bool kBackward, DotKind kDot, int kRegW,
           template <typename> class Exchange>
 auto kernel_for_rows(int per_thread) {
   switch (per_thread) {
     case 4:
-      return kernel_instance<Cell, scalar_t, kBackward, 4, kMma, kRegW, Exchange>();
+      return kernel_instance<Cell, scalar_t, kBackward, 4, kDot, kRegW, Exchange>();
     case 2:
-      return kernel_instance<Cell, scalar_t, kBackward, 2, kMma, kRegW, Exchange>();
+      return kernel_instance<Cell, scalar_t, kBackward, 2, kDot, kRegW, Exchange>();
     default:
-      return kernel_instance<Cell, scalar_t, kBackward, 1, kMma, kRegW, Exchange>();
+      return kernel_instance<Cell, scalar_t, kBackward, 1, kDot, kRegW, Exchange>();
   }
 }
 
 // The grid path's multicast kernels exist for the MMA dot only (its steps
 // are short enough for the reload to weigh; seq_plan.cpp's grid_multicast).
-template <typename Cell, typename scalar_t, bool kBackward, bool kMma, int kRegW>
+template <typename Cell, typename scalar_t, bool kBackward, DotKind kDot, int kRegW>
 auto kernel_for_dot(SeqPath path, int per_thread, bool multicast) {
   if (path == SeqPath::kCluster)
-    return kernel_for_rows<Cell, scalar_t, kBackward, kMma, kRegW, ClusterExchange>(per_thread);
-  if constexpr (kMma) {
+    return kernel_for_rows<Cell, scalar_t, kBackward, kDot, kRegW, ClusterExchange>(per_thread);
+  if constexpr (kDot != DotKind::kFma) {
     if (multicast)
-      return kernel_for_rows<Cell, scalar_t, kBackward, kMma, kRegW, MulticastExchange>(per_thread);
+      return kernel_for_rows<Cell, scalar_t, kBackward, kDot, kRegW, MulticastExchange>(per_thread);
   }
-  return kernel_for_rows<Cell, scalar_t, kBackward, kMma, kRegW, GridExchange>(per_thread);
+  return kernel_for_rows<Cell, scalar_t, kBackward, kDot, kRegW, GridExchange>(per_thread);
 }
 
 // The MMA kernels with A held in registers: one row a thread group, half
@@ -80,10 +80,11 @@ constexpr bool kHasHeldA = sizeof(scalar_t) == 2 && (!kBackward || Cell::kGates 
 
 template <typename Cell, typename scalar_t, bool kBackward, int kHeld>
 auto held_kernel(SeqPath path, bool multicast) {
+  constexpr DotKind kMma = DotKind::kMma;
   if (path == SeqPath::kCluster)
-    return kernel_instance<Cell, scalar_t, kBackward, 1, true, kHeld, ClusterExchange>();
-  return multicast ? kernel_instance<Cell, scalar_t, kBackward, 1, true, kHeld, MulticastExchange>()
-                   : kernel_instance<Cell, scalar_t, kBackward, 1, true, kHeld, GridExchange>();
+    return kernel_instance<Cell, scalar_t, kBackward, 1, kMma, kHeld, ClusterExchange>();
+  return multicast ? kernel_instance<Cell, scalar_t, kBackward, 1, kMma, kHeld, MulticastExchange>()
+                   : kernel_instance<Cell, scalar_t, kBackward, 1, kMma, kHeld, GridExchange>();
 }
 
 // The instantiation for a path, NB batch rows per thread group, the dot,
@@ -92,7 +93,8 @@ auto held_kernel(SeqPath path, bool multicast) {
 // has no MMA kernels; W_hh in registers: the FMA dot's chunks for float,
 // the MMA dot's A fragments where kHasHeldA).
 template <typename Cell, typename scalar_t, bool kBackward>
-auto kernel_for(SeqPath path, int per_thread, bool mma, int place, bool multicast = false) {
+auto kernel_for(SeqPath path, int per_thread, DotKind dot, int place, bool multicast = false) {
+  const bool mma = dot != DotKind::kFma;
   if constexpr (kHasHeldA<Cell, scalar_t, kBackward>) {
     if (mma && place != 0) {
       TORCH_CHECK(per_thread == 1, "lltm: internal error: A held in registers is a plan of one row a thread");
@@ -100,13 +102,23 @@ auto kernel_for(SeqPath path, int per_thread, bool mma, int place, bool multicas
                         : held_kernel<Cell, scalar_t, kBackward, 1>(path, multicast);
     }
   }
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (dot == DotKind::kMma3xTf32)
+      return kernel_for_dot<Cell, scalar_t, kBackward, DotKind::kMma3xTf32, 0>(path, per_thread, multicast);
+  }
   if constexpr (!std::is_same_v<scalar_t, double>) {
-    if (mma) return kernel_for_dot<Cell, scalar_t, kBackward, true, false>(path, per_thread, multicast);
+    if (mma) return kernel_for_dot<Cell, scalar_t, kBackward, DotKind::kMma, 0>(path, per_thread, multicast);
   }
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (place != 0) return kernel_for_dot<Cell, scalar_t, kBackward, false, true>(path, per_thread, false);
+    if (place != 0)
+      return kernel_for_dot<Cell, scalar_t, kBackward, DotKind::kFma, 1>(path, per_thread, false);
   }
-  return kernel_for_dot<Cell, scalar_t, kBackward, false, false>(path, per_thread, false);
+  return kernel_for_dot<Cell, scalar_t, kBackward, DotKind::kFma, 0>(path, per_thread, false);
+}
+
+// A split's dot as the kernels take it.
+inline DotKind dot_of(const Split& s) {
+  return !s.mma ? DotKind::kFma : s.tf32x3 ? DotKind::kMma3xTf32 : DotKind::kMma;
 }
 
 // The virtual architecture the running device's code of `kernel` was
@@ -250,7 +262,7 @@ int resident_chunks(Kernel<Params> kernel, SeqPath path, const Split& split, int
 // split that the device holds at once (the MMA dot's kernels only).
 template <typename Cell, typename scalar_t, bool kBackward>
 int grid_multicast_room(const Split& split, int multicast, int device, size_t smem_limit) {
-  return multicast_room(kernel_for<Cell, scalar_t, kBackward>(SeqPath::kGrid, split.per_thread, split.mma,
+  return multicast_room(kernel_for<Cell, scalar_t, kBackward>(SeqPath::kGrid, split.per_thread, dot_of(split),
                                                               w_place(split), true),
                         split, multicast, device, smem_limit);
 }
@@ -269,8 +281,9 @@ DeviceLimits device_limits(int device) {
     (void)cudaGetLastError();
   }
   auto arch = [&](SeqPath path, bool mma, bool multicast = false) {
+    const DotKind dot = mma ? DotKind::kMma : DotKind::kFma;
     return code_arch(
-        reinterpret_cast<const void*>(kernel_for<Cell, scalar_t, kBackward>(path, 1, mma, false, multicast)),
+        reinterpret_cast<const void*>(kernel_for<Cell, scalar_t, kBackward>(path, 1, dot, 0, multicast)),
         device);
   };
   d.cluster_kernels = prop->major >= 9 && arch(SeqPath::kCluster, false) >= 90;
@@ -282,15 +295,15 @@ DeviceLimits device_limits(int device) {
 }
 
 // The decision for one problem on one device, made once per problem and
-// setting (the environment's overrides and the pass's TF32 choice are in the key;
+// setting (the environment's overrides and the pass's float32 products, TF32 or 3xTF32, are in the key;
 // each cell, dtype and direction has a cache of its own).
 template <typename Cell, typename scalar_t, bool kBackward>
 const Decision& decide(const Problem& problem, int device) {
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, std::string>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, bool, std::string>;
   static std::mutex mutex;
   static std::map<Key, Decision> cache;
-  const Key key{problem.steps, problem.batch,        problem.state,
-                device,        problem.tensor_cores, plan_environment()};
+  const Key key{problem.steps,        problem.batch,  problem.state,     device,
+                problem.tensor_cores, problem.tf32x3, plan_environment()};
   {
     const std::lock_guard<std::mutex> lock(mutex);
     const auto found = cache.find(key);
@@ -301,8 +314,8 @@ const Decision& decide(const Problem& problem, int device) {
   // than without them (30 clusters of 4 of a 132-SM H100's grid kernels).
   const ResidentChunks resident = [&](SeqPath path, const Split& split) {
     const int plain = resident_chunks(
-        kernel_for<Cell, scalar_t, kBackward>(path, split.per_thread, split.mma, w_place(split)), path, split,
-        device, limits.smem_per_block, limits.sms);
+        kernel_for<Cell, scalar_t, kBackward>(path, split.per_thread, dot_of(split), w_place(split)), path,
+        split, device, limits.smem_per_block, limits.sms);
     if (path != SeqPath::kGrid || split.multicast <= 1) return plain;
     const int room =
         grid_multicast_room<Cell, scalar_t, kBackward>(split, split.multicast, device, limits.smem_per_block);
@@ -325,8 +338,10 @@ Problem problem_of(bool backward, int64_t steps, int64_t batch, int64_t state) {
   p.state = state;
   p.elem = sizeof(scalar_t);
   p.is_double = std::is_same_v<scalar_t, double>;
-  // float32 on tensor cores where lltm's mode allows TF32 in this pass (precision.h)
+  // float32 on tensor cores where lltm's mode allows TF32 in this pass, or
+  // the MMA dot as 3xTF32 in the accurate mode (precision.h)
   p.tensor_cores = sizeof(scalar_t) == 2 || (std::is_same_v<scalar_t, float> && tf32_products(backward));
+  p.tf32x3 = std::is_same_v<scalar_t, float> && split_tf32_steps(backward);
   return p;
 }
 
@@ -384,8 +399,8 @@ bool launch(const Params& base, const at::Tensor& like) {
   };
   if (params.multicast > 1 && int64_t(room_for(params.multicast)) * params.multicast < ctas)
     params.multicast = 1;
-  const Kernel<Params> kernel = kernel_for<Cell, scalar_t, kBackward>(plan.path, split.per_thread, split.mma,
-                                                                      w_place(split), params.multicast > 1);
+  const Kernel<Params> kernel = kernel_for<Cell, scalar_t, kBackward>(
+      plan.path, split.per_thread, dot_of(split), w_place(split), params.multicast > 1);
   const char* asked = std::getenv("LLTM_SEQ_MULTICAST");
   const int asked_m = asked != nullptr && *asked != '\0' ? std::atoi(asked) : 0;
   // (The setting is the MMA kernels'; the FMA dot's plans, which the tuner

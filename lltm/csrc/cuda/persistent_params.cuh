@@ -242,10 +242,20 @@ struct StepClocks {
 #endif
 };
 
+// The persistent kernels' dot (their kDot): FMA chains, tensor-core MMA in
+// the dtype's own form (TF32 for float32), or float32's MMA as 3xTF32
+// (persistent_dots.cuh's Tf32x3: lltm's accurate mode).
+enum class DotKind { kFma, kMma, kMma3xTf32 };
+
 // The dot a kernel runs, as the step clocks report it.
-template <bool kMma, int kRegW>
+template <DotKind kDot, int kRegW>
 __device__ __forceinline__ const char* dot_name() {
-  return kMma ? (kRegW == 2 ? "mma-regs-part" : kRegW ? "mma-regs" : "mma") : kRegW ? "fma-regs" : "fma-smem";
+  if constexpr (kDot == DotKind::kMma3xTf32) return "mma-3xtf32";
+  return kDot == DotKind::kMma ? (kRegW == 2 ? "mma-regs-part"
+                                  : kRegW    ? "mma-regs"
+                                             : "mma")
+         : kRegW               ? "fma-regs"
+                               : "fma-smem";
 }
 
 // The byte offset in a CTA's shared memory of the MMA dot's tile of partial

@@ -229,6 +229,7 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
     // G k segments J rows apart; the last tile may read past them.
     s.mtiles = static_cast<int>(ceil_div(p.backward ? units : p.gates * units, 16));
     s.mma = mma;
+    s.tf32x3 = p.tf32x3;
     w_rows = std::max<int64_t>(w_rows, (p.backward ? (p.gates - 1) * units : 0) + 16 * s.mtiles);
     // Tasks of several tiles share their B fragments: the most tiles
     // mma_stack_max allows that divide mtiles, and the warps split k among
@@ -367,6 +368,7 @@ struct Model {
   double mma_chain = 72.5;           // a k step's fragment loads and MMA, on the same accumulators
   double mma_pipe = 3.99;            // a tensor core busy per m16n8k8 TF32 / m16n8k16 half MMA
   double mma_step_offset = 327;      // the tile's round trip through shared memory
+  double mma_3xtf32_chain = 1.29;    // a k step's chain as 3xTF32, of TF32's (history section 52's probe)
   double cell_row_cycles = 1100;     // one more batch row per thread: its cell math, exchange, stores
   double fma_regs_factor = 0.712;    // the FMA dot with W_h in registers, of its modelled cycles
   double cluster_mma_factor = 1.34;  // the cluster kernels' MMA dot, of its modelled cycles
@@ -392,10 +394,15 @@ double mma_dot_cycles(const Problem& p, const Split& s) {
   const double per_task = std::ceil(ksteps / s.ksplit);
   const double a_loads = 4.0 * (1.0 - mma_held_share(p, s));
   const double loads = a_loads * s.mstack + 2 * nt;  // per k step of a task
-  const double round = p.elem == 4 ? loads : 0;      // cvt.rna.tf32 per word
-  const double issue = kModel.issue_factor * (loads + round + s.mstack * nt);
-  const double chains = tasks * per_task * std::max(kModel.mma_chain / 2, issue);
-  const double tensor = s.mtiles * ksteps * nt * kModel.mma_pipe / 4;
+  // 3xTF32: three MMAs a tile, each word split (cvt; sub, cvt), and the
+  // float32 adds of the tile's two results (d += big + small).
+  const double mmas = s.tf32x3 ? 3.0 : 1.0;
+  const double round = p.elem == 4 ? (s.tf32x3 ? 3.0 : 1.0) * loads : 0;  // cvt.rna.tf32 per word
+  const double adds = s.tf32x3 ? 8.0 * s.mstack * nt : 0.0;
+  const double issue = kModel.issue_factor * (loads + round + mmas * s.mstack * nt + adds);
+  const double chain = kModel.mma_chain * (s.tf32x3 ? kModel.mma_3xtf32_chain : 1.0);
+  const double chains = tasks * per_task * std::max(chain / 2, issue);
+  const double tensor = mmas * s.mtiles * ksteps * nt * kModel.mma_pipe / 4;
   const double smem = ksteps * (a_loads * s.mtiles + 2 * nt * task_rows);  // A once, B once per task row
   return std::max({chains, tensor, smem}) + kModel.mma_step_offset;
 }
@@ -538,7 +545,7 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
       : !p.mma_dot()   ? mma_setting +
                            ": float32 runs on tensor cores only with TF32 allowed "
                            "(torch.backends.cuda.matmul.allow_tf32 = True, or lltm.set_fp32_precision "
-                           "'tf32'; 'accurate' keeps the recurrent products strict)"
+                           "'tf32') or as 3xTF32 (lltm.set_fp32_precision 'accurate')"
                      : mma_setting + ": no tensor-core MMA kernels for this device or build (sm_80+)";
   auto add_persistent = [&](SeqPath path, int group) {
     Plan best;
@@ -633,6 +640,7 @@ std::string describe(const Problem& p, const Decision& decision) {
                                       : "mma")
              : s.w_regs ? "fma w=regs"
                         : "fma w=smem");
+      if (s.tf32x3) os << " 3xtf32";
       if (s.mma) os << " mtiles=" << s.mtiles << " mstack=" << s.mstack << " ksplit=" << s.ksplit;
       if (c.path == SeqPath::kGrid) os << " multicast=" << s.multicast;
     }

@@ -32,13 +32,12 @@
 // a lane) or in shared memory, or warp-level tensor-core MMA (mma.sync, sm_80+) into a small
 // shared-memory tile: bf16 / fp16 inputs, and float32 on TF32 where lltm's
 // mode allows it (precision.h: torch's TF32 switch, or
-// lltm.set_fp32_precision "tf32"; "accurate" keeps them strict); accumulation is
+// lltm.set_fp32_precision "tf32"), or as 3xTF32 in the "accurate" mode
+// (persistent_dots.cuh's Tf32x3: three MMAs a k step from a zero
+// accumulator, added in float32; about the FMA dot's accuracy); accumulation is
 // float in every case; in the forward of a small chunk in half types each
 // warp holds its A fragments in registers (all, or the first k steps:
 // kMmaRegFragments).
-// (Strict float32 as 3xTF32 was measured and left out:
-// slower than the FMA chain at every size tried, and 8x plain fp32's error
-// at T = 1000: docs/benchmarks.md.)
 //
 // LLTM_SEQ_PATH restricts the choice (tests, benchmarks, and the path a GPU
 // without clusters takes: "grid,loop"): a comma-separated subset of
@@ -118,6 +117,7 @@ struct Split {
   // CTA's units (forward, 3 J rows) or its columns (backward, J rows, three
   // k segments), 16 rows a tile; B = the exchanged rows, 8 batch rows a tile.
   bool mma = false;
+  bool tf32x3 = false;  // float32's MMA as 3xTF32 (Problem::tf32x3)
   // W_h's slice in registers for the whole loop: the FMA dot's chunks
   // (w_rows = 0), or each warp's A fragments of the MMA dot (loaded once from
   // the staged rows; kMmaRegFragments), not read from shared memory each step
@@ -193,9 +193,10 @@ struct Problem {
   int elem = 4;  // bytes per element of the tensor dtype
   bool is_double = false;
   bool tensor_cores = false;  // cuBLAS may use tensor cores (half types, or TF32 allowed in this pass)
+  bool tf32x3 = false;        // float32's MMA dot as 3xTF32 (the accurate mode; precision.h)
   // The persistent kernels may use their tensor-core dot: half types, and
-  // float32 where TF32 is allowed.
-  bool mma_dot() const { return !is_double && (elem == 2 || tensor_cores); }
+  // float32 where TF32 is allowed or as 3xTF32.
+  bool mma_dot() const { return !is_double && (elem == 2 || tensor_cores || tf32x3); }
 };
 
 // What the planner needs of the device and the build.

@@ -81,8 +81,8 @@ std::string class_key(const Problem& p, int device) {
   std::ostringstream os;
   os << "v2|" << prop->name << "|sm" << prop->multiProcessorCount << "|" << p.cell << "|"
      << (p.backward ? "backward" : "forward") << "|elem" << p.elem << (p.is_double ? "d" : "") << "|tc"
-     << p.tensor_cores << "|B" << p.batch << "|S" << p.state << "|T" << steps_class(p.steps) << "|"
-     << plan_environment() << (tune_all() ? "all" : "");
+     << p.tensor_cores << (p.tf32x3 ? "x3" : "") << "|B" << p.batch << "|S" << p.state << "|T"
+     << steps_class(p.steps) << "|" << plan_environment() << (tune_all() ? "all" : "");
   std::string key = os.str();
   std::replace(key.begin(), key.end(), '\t', ' ');
   std::replace(key.begin(), key.end(), '\n', ' ');
@@ -215,9 +215,9 @@ std::string split_fields(const Plan& plan) {
   std::ostringstream os;
   os << "{path=" << path_name(plan.path) << " group=" << q.group << " rows=" << q.rows
      << " rows_padded=" << q.rows_padded << " row=" << q.row << " nb=" << q.per_thread << " ks=" << q.ks
-     << " threads=" << q.threads << " mma=" << q.mma << " wregs=" << q.w_regs << " mtiles=" << q.mtiles
-     << " mstack=" << q.mstack << " ksplit=" << q.ksplit << " waves=" << q.waves << " mc=" << q.multicast
-     << " model_us=" << plan.cost_us << "}";
+     << " threads=" << q.threads << " mma=" << q.mma << " x3=" << q.tf32x3 << " wregs=" << q.w_regs
+     << " mtiles=" << q.mtiles << " mstack=" << q.mstack << " ksplit=" << q.ksplit << " waves=" << q.waves
+     << " mc=" << q.multicast << " model_us=" << plan.cost_us << "}";
   return os.str();
 }
 
