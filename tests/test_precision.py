@@ -85,22 +85,32 @@ def test_bench_cpu_rows():
 
 
 @cuda
-@pytest.mark.parametrize("backend", ["fused", "aten"])
+@pytest.mark.parametrize("backend", ["fused", "fused-tensor-cores", "aten"])
 @pytest.mark.parametrize("steps", [200, 1000])
-def test_accurate_within_2x_of_strict(steps, backend):
+def test_accurate_within_2x_of_strict(monkeypatch, steps, backend):
     """B=16, I=32, S=128: the accurate mode's relative error against float64 of the output, the final
     states and every gradient is at most 2x strict fp32's (plus 1e-7, a few float32 roundings, for
     entries where strict fp32 is exact to its last bits); plain TF32 loses the weight gradient at
-    T=1000 (the reason for the mode)."""
+    T=1000 (the reason for the mode). "fused-tensor-cores": every product the mode can put on tensor
+    cores there, whatever the size: the step products on the 3xTF32 MMA dot, the backward's GEMMs
+    over T*B rows as 3xTF32."""
     device = torch.device("cuda")
+    backend, _, forced = backend.partition("-")
     if not lltm.backends("cuda").get(backend):
         pytest.skip(f"{backend} not built for CUDA")
+    if forced:
+        if torch.cuda.get_device_capability()[0] < 8:
+            pytest.skip("no tensor-core MMA before sm_80")
+        monkeypatch.setenv("LLTM_SEQ_DOT", "mma")
+        monkeypatch.setenv("LLTM_SPLIT_TF32_MACS", "0")
     ref_problem = bench.Problem("python", steps, 16, 32, 128, device)
     ref, _ = ref_problem.run(torch.float64)
     problem = bench.Problem(backend, steps, 16, 32, 128, device)
     errors = {}
     for mode in ("strict", "accurate", "tf32"):
-        with bench.precision_mode(mode) as dtype:
+        with bench.precision_mode(mode) as dtype, monkeypatch.context() as m:
+            if mode == "strict":  # (the FMA dot: LLTM_SEQ_DOT=mma asks for tensor cores)
+                m.delenv("LLTM_SEQ_DOT", raising=False)
             got, _ = problem.run(dtype)
         errors[mode] = bench.relative_errors(got, ref)
     strict, accurate = errors["strict"], errors["accurate"]
@@ -138,13 +148,15 @@ def test_a_change_of_mode_never_replays_a_stale_graph_or_plan(monkeypatch, path)
 
 @cuda
 @pytest.mark.parametrize("asked", ["all", "weight_hh", "weight_ih", "input"])
-def test_accurate_gradients_asked_alone(asked):
+def test_accurate_gradients_asked_alone(monkeypatch, asked):
     """lltm.LSTM (fused) in the accurate mode against nn.LSTM in float64, each of the input's and the
-    weights' gradients asked alone and all at once: the 3xTF32 GEMMs over T*B rows read row blocks of
-    one split of dz where several are asked, their own splits where one is. Errors stay fp32's, where
-    plain TF32's are ~1e-3 (checked too, so the bound tells the modes apart)."""
+    weights' gradients asked alone and all at once: the 3xTF32 GEMMs over T*B rows (forced at this
+    size) read row blocks of one split of dz where several are asked, their own splits where one is.
+    Errors stay fp32's, where plain TF32's are ~1e-3 (checked too, so the bound tells the modes
+    apart)."""
     if not lltm.backends("cuda").get("fused"):
         pytest.skip("fused not built for CUDA")
+    monkeypatch.setenv("LLTM_SPLIT_TF32_MACS", "0")
     torch.manual_seed(0)
     layer = lltm.LSTM(16, 64, backend="fused").cuda()
     ref = torch.nn.LSTM(16, 64).double()
@@ -170,3 +182,19 @@ def test_accurate_gradients_asked_alone(asked):
         errors[mode] = [((a.double().cpu() - b).norm() / b.norm()).item() for a, b in zip(got, want)]
     assert max(errors["accurate"]) < 2e-5, errors
     assert max(errors["tf32"]) > 1e-4, errors
+
+
+@cuda
+def test_bad_split_tf32_macs_setting_names_itself(monkeypatch):
+    """LLTM_SPLIT_TF32_MACS (the accurate mode's size from which its backward GEMMs over T*B rows run
+    as 3xTF32) that is not a count is an error naming the variable and its values, not a silent
+    default."""
+    if not lltm.backends("cuda").get("fused"):
+        pytest.skip("fused not built for CUDA")
+    monkeypatch.setenv("LLTM_SPLIT_TF32_MACS", "lots")
+    layer = lltm.LLTM(8, 16, backend="fused").cuda()
+    x = torch.randn(5, 3, 8, device="cuda", requires_grad=True)
+    with lltm.fp32_precision("accurate"):
+        out, _ = layer(x)
+        with pytest.raises(RuntimeError, match="LLTM_SPLIT_TF32_MACS=lots must be a number of multiply-adds"):
+            out.sum().backward()

@@ -58,12 +58,41 @@ namespace cuda_detail {
 
 inline const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
 
+// From this size (multiply-adds) on, a float32 GEMM over all T*B rows of
+// the accurate mode's backward runs as 3xTF32; smaller ones run strict fp32
+// (as accurate, and faster there: below ~5e9 cuBLAS's FFMA kernel beats
+// three TF32 GEMMs, their split-k reductions and the operand splits; H200,
+// LLTM T = 100: 16x512, 1.3e9 a GEMM, 0.11 against 0.15 ms; 256x256, 5e9,
+// 0.38 against 0.34 ms; docs/benchmarks-history.md section 53).
+constexpr int64_t kSplitTf32Macs = int64_t(1) << 32;
+
+// LLTM_SPLIT_TF32_MACS=N: the accurate mode's 3xTF32 GEMMs from N
+// multiply-adds on (0: every one, as tests use it); unset: kSplitTf32Macs.
+inline int64_t split_tf32_macs() {
+  const char* text = std::getenv("LLTM_SPLIT_TF32_MACS");
+  if (text == nullptr || *text == '\0') return kSplitTf32Macs;
+  char* end = nullptr;
+  const long long n = std::strtoll(text, &end, 10);
+  TORCH_CHECK(*end == '\0' && n >= 0, "LLTM_SPLIT_TF32_MACS=", text,
+              " must be a number of multiply-adds N >= 0 (the accurate mode's GEMMs over all T*B rows run "
+              "as 3xTF32 from N on, strict below), or unset (",
+              kSplitTf32Macs, ")");
+  return n;
+}
+
 // The GEMMs over all T*B rows (outside any graph of lltm's own): the
-// backward's 3xTF32 for float32 in the accurate mode, else as the mode says
-// (precision.h).
+// backward's for float32 in the accurate mode as 3xTF32 where large, strict
+// where small; else as the mode says (precision.h).
 inline void run_row_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool backward) {
   if (dtype == c10::ScalarType::Float && split_tf32_rows(backward)) {
-    run_gemms_split_tf32(gemms, count);
+    const int64_t from = split_tf32_macs();
+    std::vector<Gemm> split, strict;
+    for (int i = 0; i < count; ++i) {
+      const Gemm& g = gemms[i];
+      (g.m * g.n * g.k >= from ? split : strict).push_back(g);
+    }
+    if (!strict.empty()) run_gemms(dtype, strict.data(), static_cast<int>(strict.size()), false);
+    if (!split.empty()) run_gemms_split_tf32(split.data(), static_cast<int>(split.size()));
   } else {
     run_gemms(dtype, gemms, count, tf32_products(backward));
   }
