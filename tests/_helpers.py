@@ -139,3 +139,18 @@ def held_place(plan: str, path: str) -> tuple[int, Optional[str], str]:
     w = re.search(r" dot=mma(?: w=(\S+))? ", line)
     assert w is not None, line
     return rows, w.group(1), line
+
+
+def env_in_backward(monkeypatch: pytest.MonkeyPatch, results, **env: str) -> None:
+    """Sets the environment variables `env` (through `monkeypatch`) once autograd reaches any tensor
+    of `results`: the backward of the op that made them runs with them, its forward ran without
+    (the fused CUDA ops read LLTM_SEQ_DOT at each call, so a test can force one pass's dot)."""
+
+    def hook(grad: Tensor) -> Tensor:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        return grad
+
+    for t in torch.utils._pytree.tree_leaves(results):
+        if isinstance(t, Tensor) and t.requires_grad:
+            t.register_hook(hook)

@@ -8,6 +8,8 @@ import lltm
 from lltm import _extension
 from lltm.bench import precision as bench
 
+from ._helpers import env_in_backward
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -91,27 +93,30 @@ def test_accurate_within_2x_of_strict(monkeypatch, steps, backend):
     """B=16, I=32, S=128: the accurate mode's relative error against float64 of the output, the final
     states and every gradient is at most 2x strict fp32's (plus 1e-7, a few float32 roundings, for
     entries where strict fp32 is exact to its last bits); plain TF32 loses the weight gradient at
-    T=1000 (the reason for the mode). "fused-tensor-cores": every product the mode can put on tensor
-    cores there, whatever the size: the step products on the 3xTF32 MMA dot, the backward's GEMMs
+    T=1000 (the reason for the mode). "fused-tensor-cores": every product the mode puts on tensor
+    cores anywhere, whatever the size: the backward's step products on the 3xTF32 MMA dot, its GEMMs
     over T*B rows as 3xTF32."""
     device = torch.device("cuda")
     backend, _, forced = backend.partition("-")
     if not lltm.backends("cuda").get(backend):
         pytest.skip(f"{backend} not built for CUDA")
-    if forced:
-        if torch.cuda.get_device_capability()[0] < 8:
-            pytest.skip("no tensor-core MMA before sm_80")
-        monkeypatch.setenv("LLTM_SEQ_DOT", "mma")
-        monkeypatch.setenv("LLTM_SPLIT_TF32_MACS", "0")
+    if forced and torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("no tensor-core MMA before sm_80")
     ref_problem = bench.Problem("python", steps, 16, 32, 128, device)
     ref, _ = ref_problem.run(torch.float64)
     problem = bench.Problem(backend, steps, 16, 32, 128, device)
     errors = {}
     for mode in ("strict", "accurate", "tf32"):
         with bench.precision_mode(mode) as dtype, monkeypatch.context() as m:
-            if mode == "strict":  # (the FMA dot: LLTM_SEQ_DOT=mma asks for tensor cores)
-                m.delenv("LLTM_SEQ_DOT", raising=False)
+            hook = None
+            if forced and mode == "accurate":  # (the backward only: the mode's forward has no MMA dot)
+                m.setenv("LLTM_SPLIT_TF32_MACS", "0")
+                hook = problem.module.register_forward_hook(
+                    lambda _m, _args, out: env_in_backward(m, out, LLTM_SEQ_DOT="mma")
+                )
             got, _ = problem.run(dtype)
+            if hook is not None:
+                hook.remove()
         errors[mode] = bench.relative_errors(got, ref)
     strict, accurate = errors["strict"], errors["accurate"]
     bad = {k: (accurate[k], strict[k]) for k in bench.COLUMNS if accurate[k] > 2 * strict[k] + 1e-7}

@@ -19,7 +19,7 @@ import lltm
 from lltm import functional
 from lltm.reference import lltm_reference
 
-from ._helpers import held_place
+from ._helpers import env_in_backward, held_place
 from .test_seq import NAMES, _check, _outputs_and_grads, _rel_err, check_graph_capture_and_replay, make_seq
 
 # "cluster" and "grid" run their FMA dot (every dtype), with W_h in
@@ -149,26 +149,47 @@ def test_mma_paths_half_precision_match_fma(monkeypatch, use_path, path, shape, 
 
 @pytest.mark.parametrize("path", MMA_PATHS)
 @pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
-def test_accurate_mode_mma_is_3xtf32_at_fma_accuracy(monkeypatch, use_path, torch_settings, path, shape):
-    """lltm's accurate mode on the tensor-core dot: float32's step products as 3xTF32 (the plans say so,
-    forward and backward), every odd shape of SHAPES with lengths: outputs and every gradient as close
-    to the float64 reference as the strict FMA dot in the same mode (within twice its error, plus
-    2e-6 where both are near float32's resolution; plain TF32's are ~1e-3)."""
+def test_accurate_mode_backward_mma_is_3xtf32_at_fma_accuracy(monkeypatch, use_path, torch_settings, path, shape):
+    """lltm's accurate mode: the backward's step products on the tensor-core dot as 3xTF32 (the plan
+    says so; the forward's stay on the strict FMA dot, the mode's only dot there), every odd shape
+    of SHAPES with lengths: outputs and every gradient as close to the float64 reference as with
+    the FMA dot in both passes (within twice its error, plus 2e-6 where both are near float32's
+    resolution; plain TF32's are ~1e-3)."""
     T, B, _, S = shape
     args = make_seq(*shape, device="cuda", dtype=torch.float32, seed=sum(shape))
     lengths = torch.randint(0, T + 1, (B,), generator=torch.Generator().manual_seed(B)).cuda()
     ref = _outputs_and_grads(lltm_reference, [a.detach().double().requires_grad_() for a in args], lengths)
+    use_path(path.split("-")[0])  # (skips where there are no cluster kernels)
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("no tensor-core MMA before sm_80")
     torch_settings.set(lltm_fp32_precision="accurate")
+    assert " dot=fma" in _plan(False, T, B, S)
     errors = {}
-    for p, dot in ((path.split("-")[0], "fma"), (path, "mma")):
-        use_path(p)  # (TF32 allowed in torch for "-mma": lltm's own setting still rules its kernels)
-        want = " dot=mma 3xtf32 " if dot == "mma" else " dot=fma"
-        assert all(want in _plan(bw, T, B, S) for bw in (False, True))
-        got = _outputs_and_grads(lambda *a, **k: functional.lltm(*a, backend="fused", **k), args, lengths)
+    for dot in ("fma", "mma"):
+
+        def fused(*a, **k):
+            results = functional.lltm(*a, backend="fused", **k)
+            env_in_backward(monkeypatch, results, LLTM_SEQ_DOT=dot)
+            return results
+
+        monkeypatch.setenv("LLTM_SEQ_DOT", "fma")
+        got = _outputs_and_grads(fused, args, lengths)
+        assert (" dot=mma 3xtf32 " if dot == "mma" else " dot=fma") in _plan(True, T, B, S)
         assert all(torch.isfinite(g).all() for g in got)
         errors[dot] = [_rel_err(g, r) for g, r in zip(got, ref)]
     for name, mma, fma in zip(("output", "h_n", "c_n") + NAMES, errors["mma"], errors["fma"]):
         assert mma <= 2 * fma + 2e-6, f"{name}: 3xTF32 error {mma:.2e} > 2 x the FMA dot's {fma:.2e}"
+
+
+def test_accurate_mode_forward_has_no_tensor_core_dot(monkeypatch, use_path, torch_settings):
+    """The accurate mode keeps the forward's step products strict: LLTM_SEQ_DOT=mma there is an error
+    that says where float32 runs on tensor cores."""
+    use_path("grid")
+    torch_settings.set(lltm_fp32_precision="accurate")
+    monkeypatch.setenv("LLTM_SEQ_DOT", "mma")
+    args = make_seq(4, 3, 5, 16, device="cuda", dtype=torch.float32, seed=0)
+    with pytest.raises(RuntimeError, match="in the backward, as 3xTF32"):
+        functional.lltm(*args, backend="fused")
 
 
 # (path, S, CTAs a chunk, B, W_hh's place forward, backward): the LLTM's plans (3 gates) whose warps

@@ -77,13 +77,13 @@ inline bool tf32_products(bool backward) {
 }
 
 // Whether the persistent kernels' MMA dot may run a pass's float32 step
-// products as 3xTF32 (persistent_dots.cuh's Tf32x3): in the accurate mode,
-// both passes. Its zero accumulator each k step keeps it at about the FMA
-// dot's accuracy, where 3xTF32 through cuBLAS's chained sums is not.
-inline bool split_tf32_steps(bool backward) {
-  (void)backward;
-  return fp32_mode() == Fp32Mode::kAccurate;
-}
+// products as 3xTF32 (persistent_dots.cuh's Tf32x3): the backward's in the
+// accurate mode. Not the forward's: a dot's error is the FMA dot's or less,
+// but the tensor cores truncate their internal sums, an error of one sign
+// that the LLTM's cell state (no forget gate) adds up over T: 3xTF32 step
+// products in the forward put the output's error at T = 1000 at 2.4x
+// strict fp32's (docs/precision.md).
+inline bool split_tf32_steps(bool backward) { return backward && fp32_mode() == Fp32Mode::kAccurate; }
 
 // Whether the fused CUDA backend runs the float32 GEMMs over all T*B rows of
 // the backward (backward = true) or the forward pass as 3xTF32 now: the

@@ -542,11 +542,13 @@ Decision plan_time_loop(const Problem& p, const DeviceLimits& d, const ResidentC
   const std::string no_dot =
       allowed.fma_regs ? "LLTM_SEQ_DOT=fma-regs: W_h in registers for float32 only"
       : p.is_double    ? mma_setting + ": no tensor-core dot for float64"
-      : !p.mma_dot()   ? mma_setting +
-                           ": float32 runs on tensor cores only with TF32 allowed "
-                           "(torch.backends.cuda.matmul.allow_tf32 = True, or lltm.set_fp32_precision "
-                           "'tf32') or as 3xTF32 (lltm.set_fp32_precision 'accurate')"
-                     : mma_setting + ": no tensor-core MMA kernels for this device or build (sm_80+)";
+      : !p.mma_dot()
+          ? mma_setting +
+                ": float32 runs on tensor cores only with TF32 allowed "
+                "(torch.backends.cuda.matmul.allow_tf32 = True, or lltm.set_fp32_precision "
+                "'tf32') or, in the backward, as 3xTF32 (lltm.set_fp32_precision 'accurate', whose "
+                "forward keeps its step products strict)"
+          : mma_setting + ": no tensor-core MMA kernels for this device or build (sm_80+)";
   auto add_persistent = [&](SeqPath path, int group) {
     Plan best;
     best.path = path;
