@@ -13,15 +13,16 @@
 //   kIeee      every product strict fp32
 //   kTf32      every product on TF32 tensor cores
 //   kAccurate  the forward strict fp32 (its products set the trajectory
-//              every gradient depends on); the backward's recurrent
-//              products (dz W_hh) strict fp32 too (the persistent kernels'
-//              FMA dot, strict step GEMMs), its GEMMs over all T*B rows
-//              (dz W_ih, dz^T x, dz^T h) as 3xTF32 on the fused CUDA
-//              backend (each operand split into a TF32 part and a TF32
-//              remainder, three TF32 GEMMs: tensor cores at about fp32's
-//              accuracy), strict fp32 where ATen runs them. x W_ih^T as
-//              3xTF32 moved the forward enough to put the output's error at
-//              T = 1000 at 2.4x strict fp32's (docs/precision.md).
+//              every gradient depends on: as 3xTF32, x W_ih^T or the step
+//              products put the output's error at T = 1000 at 2.4x strict
+//              fp32's, docs/precision.md); on the fused CUDA backend the
+//              backward's recurrent products (dz W_hh) on the persistent
+//              kernels' 3xTF32 MMA dot where the planner finds it faster
+//              than their FMA dot, else strict, and its large GEMMs over all
+//              T*B rows (dz W_ih, dz^T x, dz^T h) as 3xTF32 (each operand
+//              split into a TF32 part and a TF32 remainder, three TF32
+//              products: tensor cores at about fp32's accuracy), the small
+//              ones strict; strict fp32 where ATen runs them.
 //
 // The mode is lltm's own setting (lltm.set_fp32_precision, the operator
 // lltm::_set_fp32_precision), or, where none is set, PyTorch's: TF32 where

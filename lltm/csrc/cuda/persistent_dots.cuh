@@ -40,14 +40,17 @@ constexpr int kKstepBytes = 32;  // one MMA k step of a shared-memory row
 constexpr int kMaxKsplit = 8;    // k slices of a task: at most the CTA's warps (kMaxThreads / 32)
 
 // The MMA dot's forms: the dtype's own (TF32 for float32, m16n8k16 for the
-// half types), or Tf32x3 on float32 rows (the accurate mode, precision.h):
+// half types), or Tf32x3 on float32 rows (the accurate mode's backward,
+// precision.h):
 // each operand split into hi = tf32(x) and lo = tf32(x - hi), and per k
 // step lo_a hi_b + hi_a lo_b and hi_a hi_b as MMAs from a zero accumulator,
 // added to the step's sum in float32 outside the tensor cores. Chained
 // through the accumulator, mma.sync's truncated internal sums put a K =
 // 1024 dot at 12.5x the FMA dot's error; from zero each k step, at 0.4-0.6x
 // (docs/benchmarks-history.md, section 52). lo_a lo_b (2^-22 of a product)
-// is left out.
+// is left out. (Its errors still lean one way: in the LLTM's forward they
+// add up in the cell state, 2.4x strict fp32's output error at T = 1000,
+// section 53.)
 struct Tf32x3 {};
 
 // The element type of the rows a form reads.

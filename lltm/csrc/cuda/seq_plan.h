@@ -32,9 +32,9 @@
 // a lane) or in shared memory, or warp-level tensor-core MMA (mma.sync, sm_80+) into a small
 // shared-memory tile: bf16 / fp16 inputs, and float32 on TF32 where lltm's
 // mode allows it (precision.h: torch's TF32 switch, or
-// lltm.set_fp32_precision "tf32"), or as 3xTF32 in the "accurate" mode
-// (persistent_dots.cuh's Tf32x3: three MMAs a k step from a zero
-// accumulator, added in float32; about the FMA dot's accuracy); accumulation is
+// lltm.set_fp32_precision "tf32"), or as 3xTF32 in the backward of the
+// "accurate" mode (persistent_dots.cuh's Tf32x3: three MMAs a k step from a
+// zero accumulator, added in float32; about the FMA dot's accuracy); accumulation is
 // float in every case; in the forward of a small chunk in half types each
 // warp holds its A fragments in registers (all, or the first k steps:
 // kMmaRegFragments).
@@ -193,7 +193,7 @@ struct Problem {
   int elem = 4;  // bytes per element of the tensor dtype
   bool is_double = false;
   bool tensor_cores = false;  // cuBLAS may use tensor cores (half types, or TF32 allowed in this pass)
-  bool tf32x3 = false;        // float32's MMA dot as 3xTF32 (the accurate mode; precision.h)
+  bool tf32x3 = false;        // float32's MMA dot as 3xTF32 (the accurate mode's backward; precision.h)
   // The persistent kernels may use their tensor-core dot: half types, and
   // float32 where TF32 is allowed or as 3xTF32.
   bool mma_dot() const { return !is_double && (elem == 2 || tensor_cores || tf32x3); }
