@@ -111,8 +111,8 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
   constexpr int kRegChunks = kRegChunksOf<Cell>;
   constexpr bool kCluster = Exchange<scalar_t>::kClusterOnly;
   constexpr bool kMma = kDot != DotKind::kFma;
-  using mma_t = MmaForm<kDot, scalar_t>;
-  static_assert(kDot != DotKind::kMma3xTf32 || std::is_same_v<scalar_t, float>, "3xTF32 is float32's");
+  // (The accurate mode keeps the forward's step products strict: precision.h's split_tf32_steps.)
+  static_assert(kDot != DotKind::kMma3xTf32, "no 3xTF32 dot in the forward");
   // W_hh in registers: the FMA dot's chunks, or the MMA dot's A fragments
   // (one B tile, NB = 1; persistent_dots.cuh's hold_a), all or the first.
   constexpr bool kFmaRegs = kRegW != 0 && !kMma, kHeldA = kRegW != 0 && kMma,
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
   scalar_t h_out[NB], y_out[NB], saved_out[NV][NB];  // step t's results
   // The MMA dot's first task of this warp, placed once (persistent_dots.cuh).
   [[maybe_unused]] WarpTask task{};
-  if constexpr (kMma) task = warp_task<mma_t>(1, S, p.mtiles, p.mstack, Bp / 8, p.ksplit);
+  if constexpr (kMma) task = warp_task<scalar_t>(1, S, p.mtiles, p.mstack, Bp / 8, p.ksplit);
   ex.start();  // (its barrier also ends the staging of w_s)
   [[maybe_unused]] HeldA held;
   [[maybe_unused]] bool holds = false;
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
           mma_dot_held<scalar_t, 1, kHeldPart>(w_s, h_cur, 0, 0, row, S, p.mtiles, p.mstack, task, held,
                                                tile);
       } else {
-        mma_dot<mma_t>(w_s, h_cur, 1, 0, row, 0, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, task, tile);
+        mma_dot<scalar_t>(w_s, h_cur, 1, 0, row, 0, row, S, p.mtiles, p.mstack, Bp / 8, p.ksplit, task, tile);
       }
       __syncthreads();
       clk.mark(0);

@@ -102,10 +102,13 @@ auto kernel_for(SeqPath path, int per_thread, DotKind dot, int place, bool multi
                         : held_kernel<Cell, scalar_t, kBackward, 1>(path, multicast);
     }
   }
-  if constexpr (std::is_same_v<scalar_t, float>) {
+  // 3xTF32: float32's backward only (precision.h's split_tf32_steps).
+  if constexpr (std::is_same_v<scalar_t, float> && kBackward) {
     if (dot == DotKind::kMma3xTf32)
       return kernel_for_dot<Cell, scalar_t, kBackward, DotKind::kMma3xTf32, 0>(path, per_thread, multicast);
   }
+  TORCH_CHECK(dot != DotKind::kMma3xTf32,
+              "lltm: internal error: a plan of the 3xTF32 dot outside float32's backward");
   if constexpr (!std::is_same_v<scalar_t, double>) {
     if (mma) return kernel_for_dot<Cell, scalar_t, kBackward, DotKind::kMma, 0>(path, per_thread, multicast);
   }
