@@ -119,9 +119,9 @@ auto kernel_for(SeqPath path, int per_thread, DotKind dot, int place, bool multi
   return kernel_for_dot<Cell, scalar_t, kBackward, DotKind::kFma, 0>(path, per_thread, false);
 }
 
-// A split's dot as the kernels take it.
-inline DotKind dot_of(const Split& s) {
-  return !s.mma ? DotKind::kFma : s.tf32x3 ? DotKind::kMma3xTf32 : DotKind::kMma;
+// A split's dot for a problem, as the kernels take it.
+inline DotKind dot_of(const Problem& p, const Split& s) {
+  return !s.mma ? DotKind::kFma : p.tf32x3 ? DotKind::kMma3xTf32 : DotKind::kMma;
 }
 
 // The virtual architecture the running device's code of `kernel` was
@@ -264,9 +264,10 @@ int resident_chunks(Kernel<Params> kernel, SeqPath path, const Split& split, int
 // Clusters of `multicast` CTAs of the grid path's multicast kernel for this
 // split that the device holds at once (the MMA dot's kernels only).
 template <typename Cell, typename scalar_t, bool kBackward>
-int grid_multicast_room(const Split& split, int multicast, int device, size_t smem_limit) {
-  return multicast_room(kernel_for<Cell, scalar_t, kBackward>(SeqPath::kGrid, split.per_thread, dot_of(split),
-                                                              w_place(split), true),
+int grid_multicast_room(const Problem& problem, const Split& split, int multicast, int device,
+                        size_t smem_limit) {
+  return multicast_room(kernel_for<Cell, scalar_t, kBackward>(SeqPath::kGrid, split.per_thread,
+                                                              dot_of(problem, split), w_place(split), true),
                         split, multicast, device, smem_limit);
 }
 
@@ -317,11 +318,11 @@ const Decision& decide(const Problem& problem, int device) {
   // than without them (30 clusters of 4 of a 132-SM H100's grid kernels).
   const ResidentChunks resident = [&](SeqPath path, const Split& split) {
     const int plain = resident_chunks(
-        kernel_for<Cell, scalar_t, kBackward>(path, split.per_thread, dot_of(split), w_place(split)), path,
-        split, device, limits.smem_per_block, limits.sms);
+        kernel_for<Cell, scalar_t, kBackward>(path, split.per_thread, dot_of(problem, split), w_place(split)),
+        path, split, device, limits.smem_per_block, limits.sms);
     if (path != SeqPath::kGrid || split.multicast <= 1) return plain;
-    const int room =
-        grid_multicast_room<Cell, scalar_t, kBackward>(split, split.multicast, device, limits.smem_per_block);
+    const int room = grid_multicast_room<Cell, scalar_t, kBackward>(problem, split, split.multicast, device,
+                                                                    limits.smem_per_block);
     return std::min(plain, room * split.multicast / split.group);
   };
   Decision decision = plan_time_loop(problem, limits, resident);
@@ -398,12 +399,12 @@ bool launch(const Params& base, const at::Tensor& like) {
   const int ctas = split.group * split.per_wave;
   const size_t smem_limit = at::cuda::getDeviceProperties(device)->sharedMemPerBlockOptin;
   auto room_for = [&](int m) {
-    return grid_multicast_room<Cell, scalar_t, kBackward>(split, m, device, smem_limit);
+    return grid_multicast_room<Cell, scalar_t, kBackward>(problem, split, m, device, smem_limit);
   };
   if (params.multicast > 1 && int64_t(room_for(params.multicast)) * params.multicast < ctas)
     params.multicast = 1;
   const Kernel<Params> kernel = kernel_for<Cell, scalar_t, kBackward>(
-      plan.path, split.per_thread, dot_of(split), w_place(split), params.multicast > 1);
+      plan.path, split.per_thread, dot_of(problem, split), w_place(split), params.multicast > 1);
   const char* asked = std::getenv("LLTM_SEQ_MULTICAST");
   const int asked_m = asked != nullptr && *asked != '\0' ? std::atoi(asked) : 0;
   // (The setting is the MMA kernels'; the FMA dot's plans, which the tuner

@@ -250,12 +250,13 @@ enum class DotKind { kFma, kMma, kMma3xTf32 };
 // The dot a kernel runs, as the step clocks report it.
 template <DotKind kDot, int kRegW>
 __device__ __forceinline__ const char* dot_name() {
-  if constexpr (kDot == DotKind::kMma3xTf32) return "mma-3xtf32";
-  return kDot == DotKind::kMma ? (kRegW == 2 ? "mma-regs-part"
-                                  : kRegW    ? "mma-regs"
-                                             : "mma")
-         : kRegW               ? "fma-regs"
-                               : "fma-smem";
+  if constexpr (kDot == DotKind::kMma3xTf32) {
+    return "mma-3xtf32";
+  } else if constexpr (kDot == DotKind::kMma) {
+    return kRegW == 2 ? "mma-regs-part" : kRegW ? "mma-regs" : "mma";
+  } else {
+    return kRegW ? "fma-regs" : "fma-smem";
+  }
 }
 
 // The byte offset in a CTA's shared memory of the MMA dot's tile of partial

@@ -66,18 +66,23 @@ inline const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.con
 // 0.38 against 0.34 ms; docs/benchmarks-history.md section 53).
 constexpr int64_t kSplitTf32Macs = int64_t(1) << 32;
 
+// The environment variable `name` as a count N >= 0, or `unset` where it is
+// not set; anything else is an error: "NAME=text must be " + `values`.
+inline int64_t env_count(const char* name, int64_t unset, const char* values) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return unset;
+  char* end = nullptr;
+  const long long n = std::strtoll(text, &end, 10);
+  TORCH_CHECK(*end == '\0' && n >= 0, name, "=", text, " must be ", values);
+  return n;
+}
+
 // LLTM_SPLIT_TF32_MACS=N: the accurate mode's 3xTF32 GEMMs from N
 // multiply-adds on (0: every one, as tests use it); unset: kSplitTf32Macs.
 inline int64_t split_tf32_macs() {
-  const char* text = std::getenv("LLTM_SPLIT_TF32_MACS");
-  if (text == nullptr || *text == '\0') return kSplitTf32Macs;
-  char* end = nullptr;
-  const long long n = std::strtoll(text, &end, 10);
-  TORCH_CHECK(*end == '\0' && n >= 0, "LLTM_SPLIT_TF32_MACS=", text,
-              " must be a number of multiply-adds N >= 0 (the accurate mode's GEMMs over all T*B rows run "
-              "as 3xTF32 from N on, strict below), or unset (",
-              kSplitTf32Macs, ")");
-  return n;
+  return env_count("LLTM_SPLIT_TF32_MACS", kSplitTf32Macs,
+                   "a number of multiply-adds N >= 0 (the accurate mode's GEMMs over all T*B rows run as "
+                   "3xTF32 from N on, strict below), or unset (2^32)");
 }
 
 // The GEMMs over all T*B rows (outside any graph of lltm's own): the
@@ -270,14 +275,9 @@ constexpr int64_t kKMajorWeightMacs = int64_t(1) << 36;
 // the weight gradients' copies in chunks of at most N rows (so that tests
 // reach every branch at small sizes). Returns -1, 0 or N.
 inline int64_t k_major_setting() {
-  const char* text = std::getenv("LLTM_TF32_K_MAJOR");
-  if (text == nullptr || *text == '\0') return -1;
-  char* end = nullptr;
-  const long long n = std::strtoll(text, &end, 10);
-  TORCH_CHECK(*end == '\0' && n >= 0, "LLTM_TF32_K_MAJOR=", text,
-              " must be 0 (never), a number of rows N (always, the weight gradients in chunks of N rows), "
-              "or unset (by size)");
-  return n;
+  return env_count("LLTM_TF32_K_MAJOR", -1,
+                   "0 (never), a number of rows N (always, the weight gradients in chunks of N rows), or "
+                   "unset (by size)");
 }
 
 // Whether TF32's backward GEMMs of `macs` multiply-adds read K-major copies

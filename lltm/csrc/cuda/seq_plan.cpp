@@ -229,7 +229,6 @@ std::optional<Split> split_for(const Problem& p, SeqPath path, int group, int64_
     // G k segments J rows apart; the last tile may read past them.
     s.mtiles = static_cast<int>(ceil_div(p.backward ? units : p.gates * units, 16));
     s.mma = mma;
-    s.tf32x3 = p.tf32x3;
     w_rows = std::max<int64_t>(w_rows, (p.backward ? (p.gates - 1) * units : 0) + 16 * s.mtiles);
     // Tasks of several tiles share their B fragments: the most tiles
     // mma_stack_max allows that divide mtiles, and the warps split k among
@@ -396,11 +395,11 @@ double mma_dot_cycles(const Problem& p, const Split& s) {
   const double loads = a_loads * s.mstack + 2 * nt;  // per k step of a task
   // 3xTF32: three MMAs a tile, each word split (cvt; sub, cvt), and the
   // float32 adds of the tile's two results (d += big + small).
-  const double mmas = s.tf32x3 ? 3.0 : 1.0;
-  const double round = p.elem == 4 ? (s.tf32x3 ? 3.0 : 1.0) * loads : 0;  // cvt.rna.tf32 per word
-  const double adds = s.tf32x3 ? 8.0 * s.mstack * nt : 0.0;
+  const double mmas = p.tf32x3 ? 3.0 : 1.0;
+  const double round = p.elem == 4 ? (p.tf32x3 ? 3.0 : 1.0) * loads : 0;  // cvt.rna.tf32 per word
+  const double adds = p.tf32x3 ? 8.0 * s.mstack * nt : 0.0;
   const double issue = kModel.issue_factor * (loads + round + mmas * s.mstack * nt + adds);
-  const double chain = kModel.mma_chain * (s.tf32x3 ? kModel.mma_3xtf32_chain : 1.0);
+  const double chain = kModel.mma_chain * (p.tf32x3 ? kModel.mma_3xtf32_chain : 1.0);
   const double chains = tasks * per_task * std::max(chain / 2, issue);
   const double tensor = mmas * s.mtiles * ksteps * nt * kModel.mma_pipe / 4;
   const double smem = ksteps * (a_loads * s.mtiles + 2 * nt * task_rows);  // A once, B once per task row
@@ -642,7 +641,7 @@ std::string describe(const Problem& p, const Decision& decision) {
                                       : "mma")
              : s.w_regs ? "fma w=regs"
                         : "fma w=smem");
-      if (s.tf32x3) os << " 3xtf32";
+      if (s.mma && p.tf32x3) os << " 3xtf32";
       if (s.mma) os << " mtiles=" << s.mtiles << " mstack=" << s.mstack << " ksplit=" << s.ksplit;
       if (c.path == SeqPath::kGrid) os << " multicast=" << s.multicast;
     }

@@ -117,7 +117,6 @@ struct Split {
   // CTA's units (forward, 3 J rows) or its columns (backward, J rows, three
   // k segments), 16 rows a tile; B = the exchanged rows, 8 batch rows a tile.
   bool mma = false;
-  bool tf32x3 = false;  // float32's MMA as 3xTF32 (Problem::tf32x3)
   // W_h's slice in registers for the whole loop: the FMA dot's chunks
   // (w_rows = 0), or each warp's A fragments of the MMA dot (loaded once from
   // the staged rows; kMmaRegFragments), not read from shared memory each step

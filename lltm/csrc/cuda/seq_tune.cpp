@@ -215,9 +215,9 @@ std::string split_fields(const Plan& plan) {
   std::ostringstream os;
   os << "{path=" << path_name(plan.path) << " group=" << q.group << " rows=" << q.rows
      << " rows_padded=" << q.rows_padded << " row=" << q.row << " nb=" << q.per_thread << " ks=" << q.ks
-     << " threads=" << q.threads << " mma=" << q.mma << " x3=" << q.tf32x3 << " wregs=" << q.w_regs
-     << " mtiles=" << q.mtiles << " mstack=" << q.mstack << " ksplit=" << q.ksplit << " waves=" << q.waves
-     << " mc=" << q.multicast << " model_us=" << plan.cost_us << "}";
+     << " threads=" << q.threads << " mma=" << q.mma << " wregs=" << q.w_regs << " mtiles=" << q.mtiles
+     << " mstack=" << q.mstack << " ksplit=" << q.ksplit << " waves=" << q.waves << " mc=" << q.multicast
+     << " model_us=" << plan.cost_us << "}";
   return os.str();
 }
 
