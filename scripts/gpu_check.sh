@@ -39,7 +39,7 @@
 #   probe     (not in the default list; needs no build) scripts/grid_exchange_probe.cu compiled for
 #             sm_90 and run: the grid's and the cluster's exchange protocols alone and the cluster
 #             design's whole LLTM step at FlashRNN's point (ns a step; every reload checked); then
-#             scripts/tf32_split_probe.cu: the float32 tile dot's error and cost in four forms
+#             scripts/tf32_split_probe.cu: the float32 tile dot's error, lean and cost in five forms
 #   compile   lltm train --compile against eager (charlm, hidden 256, batch 64, seq 128):
 #             python -m lltm.bench.train_step (steady steps interleaved, the modes' costliest
 #             ops), then two real runs whose summaries give warm-up and steady state apart

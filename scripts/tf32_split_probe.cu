@@ -11,10 +11,24 @@
 //             two small products first, then big x big), their results
 //             added to float32 accumulators outside the tensor cores, so
 //             no sum of more than one k step's products goes through the
-//             tensor cores' truncating adder.
+//             tensor cores' truncating adder;
+//   3xtf32-fx the zero-accumulator form with the big parts on a fixed-point
+//             grid: A's rows rounded to multiples of 2^(e - 11), the
+//             row's largest magnitude below 2^e, B to multiples of 2^-10
+//             (|B| <= 1), each with the round-to-nearest of a float32 add
+//             of 1.5 * 2^(e + 12) (of 1.5 * 2^13 for B). Every big x big
+//             product is then an integer multiple of one unit below 2^21
+//             units, a k step's sum below 2^24, so the tensor cores add it
+//             exactly and only the small products (2^-11 of the sum) meet
+//             the truncation. (Its lean on a tile is none; in the LLTM's
+//             forward the coarser rest of A's split is a fixed change of
+//             W_hh that the cell state adds up: section 54.)
 // For each K (128, 256, 768, 1024), 4,096 tiles of fresh random values (A
 // uniform in +-1/sqrt(K), B in +-1): the relative error norm of D against
-// float64 on the host, and each variant's cycles per k step with one warp a scheduler
+// float64 on the host, its bias (the mean of the error times the sign of
+// the exact value, over the error's root mean square: ~0 for round-to-
+// nearest errors, < 0 when sums are truncated towards zero), and each
+// variant's cycles per k step with one warp a scheduler
 // (a latency-bound chain, as in the persistent kernels), the operands read
 // through L1 and, for K <= 256, from shared memory.
 //
@@ -22,7 +36,7 @@
 //   /tmp/tf32_split_probe
 //
 // Exit status 1 when a launch fails, 2 without a GPU of compute capability
-// 8.0 or later. Results: docs/benchmarks-history.md, section 52.
+// 8.0 or later. Results: docs/benchmarks-history.md, sections 52 and 54.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -33,8 +47,8 @@
 
 namespace {
 
-enum Variant { kFma, kTf32, k3xTf32, k3xTf32Zero };
-const char* const kNames[] = {"fma", "tf32", "3xtf32", "3xtf32-c0"};
+enum Variant { kFma, kTf32, k3xTf32, k3xTf32Zero, k3xTf32Fixed };
+const char* const kNames[] = {"fma", "tf32", "3xtf32", "3xtf32-c0", "3xtf32-fx"};
 constexpr int kTiles = 4096, kTileA = 16, kTileB = 8;
 
 __device__ __forceinline__ uint32_t to_tf32(float x) {
@@ -73,6 +87,17 @@ __global__ void __launch_bounds__(128)
     __syncwarp();
     a = sa, b = sb;
   }
+  // 3xtf32-fx: the rounding constants of rows g and g + 8 (A) and of B.
+  float round_a[2] = {}, round_b = 1.5f * 8192.f;
+  if constexpr (V == k3xTf32Fixed) {
+    for (int half = 0; half < 2; ++half) {
+      float biggest = 0.f;
+      for (int k = 0; k < K; ++k) biggest = fmaxf(biggest, fabsf(a[(g + 8 * half) * K + k]));
+      int e = 0;
+      frexpf(biggest, &e);  // biggest < 2^e
+      round_a[half] = ldexpf(1.5f, e - 1 + 13);
+    }
+  }
   float out[4] = {};
   const long long t0 = clock64();
   for (int rep = 0; rep < reps; ++rep) {
@@ -90,8 +115,14 @@ __global__ void __launch_bounds__(128)
                              a[(g + 8) * K + k + c + 4]};
         const float bf[2] = {b[(k + c) * kTileB + g], b[(k + c + 4) * kTileB + g]};
         uint32_t ab[4], bb[2];
-        for (int i = 0; i < 4; ++i) ab[i] = to_tf32(af[i]);
-        for (int i = 0; i < 2; ++i) bb[i] = to_tf32(bf[i]);
+        if constexpr (V == k3xTf32Fixed) {
+          for (int i = 0; i < 4; ++i)
+            ab[i] = __float_as_uint(__fsub_rn(__fadd_rn(af[i], round_a[i % 2]), round_a[i % 2]));
+          for (int i = 0; i < 2; ++i) bb[i] = __float_as_uint(__fsub_rn(__fadd_rn(bf[i], round_b), round_b));
+        } else {
+          for (int i = 0; i < 4; ++i) ab[i] = to_tf32(af[i]);
+          for (int i = 0; i < 2; ++i) bb[i] = to_tf32(bf[i]);
+        }
         if constexpr (V == kTf32) {
           mma_tf32(d, ab, bb);
         } else {
@@ -148,11 +179,13 @@ void run(int K, const float* dA, const float* dB, float* dD, const std::vector<d
   cudaError_t status = cudaDeviceSynchronize();
   std::vector<float> got(static_cast<size_t>(kTiles) * kTileA * kTileB);
   cudaMemcpy(got.data(), dD, got.size() * 4, cudaMemcpyDeviceToHost);
-  double err = 0, ref = 0;
+  double err = 0, ref = 0, towards = 0;
   for (size_t e = 0; e < got.size(); ++e) {
     const double diff = got[e] - want[e];
     err += diff * diff, ref += want[e] * want[e];
+    towards += want[e] > 0 ? diff : -diff;
   }
+  const double bias = towards / got.size() / std::sqrt(err / got.size());
   // Timing: one warp a scheduler of each SM (4 warps a CTA, one CTA an SM),
   // 20 repetitions, operands through L1 and (K <= 256) from shared memory.
   int sms = 0;
@@ -170,8 +203,8 @@ void run(int K, const float* dA, const float* dB, float* dD, const std::vector<d
     cudaMemcpy(&cycles, dcycles, 8, cudaMemcpyDeviceToHost);
     per_step[shared] = double(cycles) / kReps / (K / 8);
   }
-  printf("K=%4d %-10s relative error %.3e; cycles a k step of 8: %6.1f (L1), %6.1f (shared) %s\n", K,
-         kNames[V], std::sqrt(err / ref), per_step[0], per_step[1],
+  printf("K=%4d %-10s relative error %.3e, bias %+.3f; cycles a k step of 8: %6.1f (L1), %6.1f (shared) %s\n",
+         K, kNames[V], std::sqrt(err / ref), bias, per_step[0], per_step[1],
          status == cudaSuccess ? "" : cudaGetErrorString(status));
   failures += status != cudaSuccess;
 }
@@ -206,6 +239,7 @@ int main() {
     run<kTf32>(K, dA, dB, dD, want, dcycles);
     run<k3xTf32>(K, dA, dB, dD, want, dcycles);
     run<k3xTf32Zero>(K, dA, dB, dD, want, dcycles);
+    run<k3xTf32Fixed>(K, dA, dB, dD, want, dcycles);
     cudaFree(dA);
     cudaFree(dB);
     cudaFree(dD);
