@@ -75,15 +75,23 @@ def test_bench_restores_switches(torch_settings):
 
 
 def test_bench_cpu_rows():
-    """The benchmark on CPU, strict only, a short sequence: every error small, and the rows named."""
-    rows = bench.measure([5], [(2, 3, 4)], ["python", "lstm"], ["strict", "tf32"], torch.device("cpu"), timed=False)
+    """The benchmark on CPU, strict only, a short sequence: every error small (each model against its
+    cell's float64 run: the python LLTM's, nn.LSTM's, nn.GRU's), a GRU without cell-state columns, and
+    the rows named."""
+    models = ["python", "lstm", "gru", "lstm-aten", "gru-aten"]
+    rows = bench.measure([5], [(2, 3, 4)], models, ["strict", "tf32"], torch.device("cpu"), timed=False)
     by = {(r["model"], r["mode"]): r for r in rows}
     assert by[("python", "tf32")]["skipped"] == "TF32 is a CUDA matter"
-    for model in ("python", "lstm"):
+    for model in models:
         errors = by[(model, "strict")]["errors"]
-        assert set(errors) == set(bench.COLUMNS)
-        assert max(errors.values()) < 1e-5, errors
-    assert "| lltm python | strict |" in bench.table(rows)
+        want = set(bench.COLUMNS) - (set(bench.NO_CELL_STATE) if model.startswith("gru") else set())
+        assert set(errors) == want, model
+        assert max(errors.values()) < 1e-5, (model, errors)
+    text = bench.table(rows)
+    for name in ("lltm python", "nn.LSTM", "nn.GRU", "lltm.LSTM aten", "lltm.GRU aten"):
+        assert f"| {name} | strict |" in text
+    with pytest.raises(ValueError, match="unknown model 'rnn'"):
+        bench.Problem("rnn", 2, 1, 1, 1, torch.device("cpu"))
 
 
 @cuda

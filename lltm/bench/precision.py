@@ -1,14 +1,20 @@
 """Accuracy and time of each float32 precision mode: the relative error of the output, the final
 states and every gradient against a float64 run on the same inputs, and the forward + backward time,
-for lltm.LLTM with each backend and for torch.nn.LSTM (against its own float64 run).
+for lltm.LLTM with each backend, for torch.nn.LSTM / nn.GRU, and for lltm.LSTM / lltm.GRU on lltm's
+backends (against nn.LSTM's / nn.GRU's float64 run).
 
     python -m lltm.bench.precision [--steps 100,1000] [--sizes 16x32x128] [--models python,aten,fused,lstm]
         [--modes strict,tf32,accurate,bf16,fp16] [--device cuda] [--min-run-time 0.3] [--no-time] [--json FILE]
 
+Models: python, aten, fused (lltm.LLTM on that backend); lstm, gru (torch.nn.LSTM, nn.GRU); lstm-aten,
+lstm-fused, gru-aten, gru-fused (lltm.LSTM, lltm.GRU on that backend, the same parameters as the torch
+module of the size).
+
 Modes (docs/precision.md): strict = float32 with TF32 off (torch's matmul and cuDNN, lltm's "ieee");
 tf32 = float32 with TF32 on everywhere (torch.set_float32_matmul_precision("high"), cuDNN's
-allow_tf32, lltm's "tf32"); accurate = torch's matmul TF32 on and lltm's "accurate" (3xTF32 GEMMs
-over T*B rows, strict recurrent products; lltm's compiled backends only); bf16 / fp16 = the model and
+allow_tf32, lltm's "tf32"); accurate = torch's matmul TF32 on and lltm's "accurate" (the backward's
+GEMMs over T*B rows and recurrent products as 3xTF32, the forward strict; lltm's compiled backends
+only); bf16 / fp16 = the model and
 inputs in that dtype (products in it, sums in float32). Sizes are BxIxS. Error = ||got - ref|| / ||ref||
 per tensor (float64 norms). Time = torch.utils.benchmark.Timer median of one forward + backward
 (from .grad = None). Every global switch it changes is put back on exit.
@@ -31,10 +37,24 @@ import lltm
 
 MODES = ("strict", "tf32", "accurate", "bf16", "fp16")
 LLTM_MODELS = ("python", "aten", "fused")
-MODELS = (*LLTM_MODELS, "lstm")
-# The table's columns: outputs, then the gradients (lltm names; nn.LSTM's weights / biases are its
-# weight_ih and weight_hh / bias_ih and bias_hh together).
+TORCH_MODELS = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}  # each cell's float64 reference too
+SEAM_MODELS = ("lstm-aten", "lstm-fused", "gru-aten", "gru-fused")  # lltm.LSTM / lltm.GRU, cell-backend
+MODELS = (*LLTM_MODELS, *TORCH_MODELS, *SEAM_MODELS)
+# The table's columns: outputs, then the gradients (lltm names; the torch layout's weights / biases
+# are weight_ih and weight_hh / bias_ih and bias_hh together). A GRU has no c_n and d_c0.
 COLUMNS = ("output", "h_n", "c_n", "d_input", "d_weights", "d_bias", "d_h0", "d_c0")
+NO_CELL_STATE = ("c_n", "d_c0")
+
+
+def cell_of(model: str) -> str:
+    """The cell a model runs: "lltm", "lstm" or "gru"."""
+    return model.split("-")[0] if model.split("-")[0] in TORCH_MODELS else "lltm"
+
+
+def _columns(model: str) -> tuple[str, ...]:
+    return tuple(c for c in COLUMNS if cell_of(model) != "gru" or c not in NO_CELL_STATE)
+
+
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -63,10 +83,15 @@ class Problem:
     of output, h_n and c_n."""
 
     def __init__(self, model: str, T: int, B: int, I: int, S: int, device: torch.device, seed: int = 0):
+        if model not in MODELS:
+            raise ValueError(f"unknown model {model!r}; models: {', '.join(MODELS)}")
         self.model = model
         gen = torch.Generator().manual_seed(seed)
-        if model == "lstm":
-            self.module = torch.nn.LSTM(I, S)
+        if model in TORCH_MODELS:
+            self.module = TORCH_MODELS[model](I, S)
+        elif model in SEAM_MODELS:
+            cell, backend = model.split("-")
+            self.module = {"lstm": lltm.LSTM, "gru": lltm.GRU}[cell](I, S, backend=backend)
         else:
             self.module = lltm.LLTM(I, S, backend=model)
         # the same parameters for every model of a size (lltm's init, one generator)
@@ -90,21 +115,27 @@ class Problem:
         grads = [g.to(dtype) for g in self.grads]
         params = dict(module.named_parameters())
 
-        def step() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        gru = cell_of(self.model) == "gru"
+
+        def step() -> tuple[torch.Tensor, ...]:
             for p in (*leaves, *params.values()):
                 p.grad = None
+            if gru:
+                out, h_n = module(leaves[0], leaves[1])
+                torch.autograd.backward([out, h_n], grads[:2])
+                return out, h_n, None
             out, (h_n, c_n) = module(leaves[0], (leaves[1], leaves[2]))
             torch.autograd.backward([out, h_n, c_n], grads)
             return out, h_n, c_n
 
         out, h_n, c_n = step()
-        if self.model == "lstm":
+        if cell_of(self.model) == "lltm":
+            weights, bias = params["weights_l0"].grad, params["bias_l0"].grad
+        else:
             weights = torch.cat([params["weight_ih_l0"].grad.flatten(), params["weight_hh_l0"].grad.flatten()])
             bias = torch.cat([params["bias_ih_l0"].grad, params["bias_hh_l0"].grad])
-        else:
-            weights, bias = params["weights_l0"].grad, params["bias_l0"].grad
         got = (out, h_n, c_n, leaves[0].grad, weights, bias, leaves[1].grad, leaves[2].grad)
-        result = {name: t.detach().double() for name, t in zip(COLUMNS, got)}
+        result = {name: t.detach().double() for name, t in zip(COLUMNS, got) if name in _columns(self.model)}
         return result, step
 
 
@@ -122,7 +153,7 @@ def time_ms(step: Callable[[], Any], min_run_time: float) -> float:
 
 def applies(model: str, mode: str, device: torch.device) -> Optional[str]:
     """None where the (model, mode) pair runs, else why not."""
-    if mode == "accurate" and model in ("python", "lstm"):
+    if mode == "accurate" and model in ("python", *TORCH_MODELS):
         return "follows torch alone (no accurate mode)"
     if mode in ("tf32", "accurate") and device.type != "cuda":
         return "TF32 is a CUDA matter"
@@ -145,17 +176,18 @@ def measure(
     rows: list[dict[str, Any]] = []
     for T in steps:
         for B, I, S in sizes:
-            lltm_ref: Optional[dict[str, torch.Tensor]] = None
+            # One float64 reference a cell: the python backend's for the LLTM, torch's module's for the
+            # LSTM and the GRU (the same parameters and inputs for every model of the cell).
+            refs: dict[str, dict[str, torch.Tensor]] = {}
             for model in models:
                 problem = Problem(model, T, B, I, S, device)
-                if model == "lstm":
+                cell = cell_of(model)
+                if cell not in refs:
+                    own = model == ("python" if cell == "lltm" else cell)
+                    ref_problem = problem if own else Problem("python" if cell == "lltm" else cell, T, B, I, S, device)
                     with precision_mode("strict"):
-                        ref, _ = problem.run(torch.float64)
-                else:
-                    if lltm_ref is None:  # one float64 reference for every lltm backend: the python one's
-                        ref_problem = problem if model == "python" else Problem("python", T, B, I, S, device)
-                        lltm_ref, _ = ref_problem.run(torch.float64)
-                    ref = lltm_ref
+                        refs[cell], _ = ref_problem.run(torch.float64)
+                ref = refs[cell]
                 for mode in modes:
                     row: dict[str, Any] = {"T": T, "B": B, "I": I, "S": S, "model": model, "mode": mode}
                     why_not = applies(model, mode, device)
@@ -176,7 +208,12 @@ def measure(
 
 
 def _name(model: str) -> str:
-    return "nn.LSTM" if model == "lstm" else f"lltm {model}"
+    if model in TORCH_MODELS:
+        return f"nn.{model.upper()}"
+    if model in SEAM_MODELS:
+        cell, backend = model.split("-")
+        return f"lltm.{cell.upper()} {backend}"
+    return f"lltm {model}"
 
 
 def _line(row: dict[str, Any]) -> str:
@@ -203,7 +240,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                 )
                 continue
             t = f"{r['time_ms']:.2f}" if "time_ms" in r else "-"
-            cells = " | ".join(f"{r['errors'][c]:.1e}" for c in COLUMNS)
+            cells = " | ".join(f"{r['errors'][c]:.1e}" if c in r["errors"] else "-" for c in COLUMNS)
             out.append(f"| {_name(r['model'])} | {r['mode']} | {t} | {cells} |")
     summary = summarize(rows)
     if summary:
@@ -224,7 +261,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[str]:
         tf32 = found.get((T, B, I, S, model, "tf32"))
         parts = [f"- T={T} {B}x{I}x{S} {_name(model)}:"]
         if strict:
-            worst = max(COLUMNS, key=lambda c: acc["errors"][c] / max(strict["errors"][c], 1e-300))
+            worst = max(acc["errors"], key=lambda c: acc["errors"][c] / max(strict["errors"][c], 1e-300))
             ratio = acc["errors"][worst] / max(strict["errors"][worst], 1e-300)
             parts.append(f"error / strict <= {ratio:.2f} (worst: {worst})")
         if tf32:
@@ -266,7 +303,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lltm.bench.precision", description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=_ints, default=[100, 1000], help="sequence lengths T (default 100,1000)")
     parser.add_argument("--sizes", type=_sizes, default=[(16, 32, 128)], help="BxIxS list (default 16x32x128)")
-    parser.add_argument("--models", type=_names(MODELS), default=list(MODELS), help="python,aten,fused,lstm")
+    parser.add_argument(
+        "--models",
+        type=_names(MODELS),
+        default=[*LLTM_MODELS, "lstm"],
+        help="python,aten,fused,lstm (default); also gru, lstm-aten, lstm-fused, gru-aten, gru-fused",
+    )
     parser.add_argument("--modes", type=_names(MODES), default=list(MODES), help="strict,tf32,accurate,bf16,fp16")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--min-run-time", type=float, default=0.3, help="seconds of timing per row")
@@ -274,7 +316,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--json", help="write the rows (and the setup) here")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    models = [m for m in args.models if m == "lstm" or lltm.backends(device.type).get(m)]
+    models = [m for m in args.models if m in TORCH_MODELS or lltm.backends(device.type).get(m.split("-")[-1])]
     rows = measure(
         args.steps,
         args.sizes,
