@@ -14,12 +14,11 @@ Modes (docs/precision.md has the measurements):
                 (no forget gate: the cell state keeps every step's rounding
                 error of the forward, and the gradients follow that state)
     "accurate"  fp32-class accuracy with tensor cores where they keep it: the
-                forward strict fp32; in the backward, the large GEMMs over
-                all T*B rows (dz W_ih, dz^T x, dz^T h) and the persistent
+                forward strict fp32; in the backward, the persistent
                 kernels' step products (dz W_hh, where faster than their FMA
                 dot) as 3xTF32 (each operand split into two TF32 parts, three
-                TF32 products), the rest strict (fused CUDA backend; the aten
-                backend runs everything strict)
+                TF32 products summed in float32 a k step), the rest strict
+                (fused CUDA backend; the aten backend runs everything strict)
     None        follow torch: "tf32" where torch allows TF32 for cuBLAS
                 matmuls (torch.backends.cuda.matmul.allow_tf32 = True,
                 .fp32_precision = "tf32", torch.set_float32_matmul_precision

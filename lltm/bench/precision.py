@@ -13,8 +13,7 @@ module of the size).
 Modes (docs/precision.md): strict = float32 with TF32 off (torch's matmul and cuDNN, lltm's "ieee");
 tf32 = float32 with TF32 on everywhere (torch.set_float32_matmul_precision("high"), cuDNN's
 allow_tf32, lltm's "tf32"); accurate = torch's matmul TF32 on and lltm's "accurate" (the backward's
-GEMMs over T*B rows and recurrent products as 3xTF32, the forward strict; lltm's compiled backends
-only); bf16 / fp16 = the model and
+recurrent products as 3xTF32, the rest strict; lltm's compiled backends only); bf16 / fp16 = the model and
 inputs in that dtype (products in it, sums in float32). Sizes are BxIxS. Error = ||got - ref|| / ||ref||
 per tensor (float64 norms). Time = torch.utils.benchmark.Timer median of one forward + backward
 (from .grad = None). Every global switch it changes is put back on exit.

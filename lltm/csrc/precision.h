@@ -18,11 +18,13 @@
 //              fp32's, docs/precision.md); on the fused CUDA backend the
 //              backward's recurrent products (dz W_hh) on the persistent
 //              kernels' 3xTF32 MMA dot where the planner finds it faster
-//              than their FMA dot, else strict, and its large GEMMs over all
-//              T*B rows (dz W_ih, dz^T x, dz^T h) as 3xTF32 (each operand
-//              split into a TF32 part and a TF32 remainder, three TF32
-//              products: tensor cores at about fp32's accuracy), the small
-//              ones strict; strict fp32 where ATen runs them.
+//              than their FMA dot (each operand split into a TF32 part and
+//              a TF32 remainder, three TF32 products from a zero
+//              accumulator a k step: tensor cores at about fp32's
+//              accuracy), else strict; the backward's GEMMs over all T*B
+//              rows (dz W_ih, dz^T x, dz^T h) strict (cuBLAS's 3xTF32,
+//              LLTM_SPLIT_TF32_MACS, loses accuracy with their length);
+//              strict fp32 where ATen runs them.
 //
 // The mode is lltm's own setting (lltm.set_fp32_precision, the operator
 // lltm::_set_fp32_precision), or, where none is set, PyTorch's: TF32 where
@@ -86,8 +88,9 @@ inline bool tf32_products(bool backward) {
 // strict fp32's (docs/precision.md).
 inline bool split_tf32_steps(bool backward) { return backward && fp32_mode() == Fp32Mode::kAccurate; }
 
-// Whether the fused CUDA backend runs the float32 GEMMs over all T*B rows of
-// the backward (backward = true) or the forward pass as 3xTF32 now: the
+// Whether the fused CUDA backend may run the float32 GEMMs over all T*B
+// rows of the backward (backward = true) or the forward pass as 3xTF32 now
+// (from LLTM_SPLIT_TF32_MACS on, rnn_cuda.cuh; strict without it): the
 // backward's in the accurate mode, the forward's never.
 inline bool split_tf32_rows(bool backward) { return backward && fp32_mode() == Fp32Mode::kAccurate; }
 

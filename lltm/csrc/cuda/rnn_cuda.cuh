@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <string_view>
 #include <vector>
 
@@ -58,13 +59,16 @@ namespace cuda_detail {
 
 inline const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
 
-// From this size (multiply-adds) on, a float32 GEMM over all T*B rows of
-// the accurate mode's backward runs as 3xTF32; smaller ones run strict fp32
-// (as accurate, and faster there: below ~5e9 cuBLAS's FFMA kernel beats
-// three TF32 GEMMs, their split-k reductions and the operand splits; H200,
-// LLTM T = 100: 16x512, 1.3e9 a GEMM, 0.11 against 0.15 ms; 256x256, 5e9,
-// 0.38 against 0.34 ms; docs/benchmarks-history.md section 53).
-constexpr int64_t kSplitTf32Macs = int64_t(1) << 32;
+// The accurate mode's float32 GEMMs over all T*B rows of the backward run
+// strict fp32 unless LLTM_SPLIT_TF32_MACS asks for 3xTF32 from a size on.
+// cuBLAS's TF32 GEMMs chain their sums through the tensor cores'
+// truncating adder, so three of them (3xTF32) lose accuracy with the
+// length of the sum: over T*B rows the weight gradient's error was 40x
+// strict fp32's at 512x1024, T = 100 (1.6e-4 against 4.1e-6; the LSTM's
+// 1.2e-4 against 2.8e-6) and the LSTM's input gradient 8.8x at 64x512, for
+// 12-22% of the f+b time at 512x1024 and nothing below
+// (docs/benchmarks-history.md, section 54).
+constexpr int64_t kSplitTf32Never = std::numeric_limits<int64_t>::max();
 
 // The environment variable `name` as a count N >= 0, or `unset` where it is
 // not set; anything else is an error: "NAME=text must be " + `values`.
@@ -77,17 +81,18 @@ inline int64_t env_count(const char* name, int64_t unset, const char* values) {
   return n;
 }
 
-// LLTM_SPLIT_TF32_MACS=N: the accurate mode's 3xTF32 GEMMs from N
-// multiply-adds on (0: every one, as tests use it); unset: kSplitTf32Macs.
+// LLTM_SPLIT_TF32_MACS=N: the accurate mode's GEMMs over T*B rows as
+// 3xTF32 from N multiply-adds on (0: every one, as tests use it), faster
+// at the largest sizes and less accurate; unset: never.
 inline int64_t split_tf32_macs() {
-  return env_count("LLTM_SPLIT_TF32_MACS", kSplitTf32Macs,
+  return env_count("LLTM_SPLIT_TF32_MACS", kSplitTf32Never,
                    "a number of multiply-adds N >= 0 (the accurate mode's GEMMs over all T*B rows run as "
-                   "3xTF32 from N on, strict below), or unset (2^32)");
+                   "3xTF32 from N on, strict below), or unset (strict always)");
 }
 
 // The GEMMs over all T*B rows (outside any graph of lltm's own): the
-// backward's for float32 in the accurate mode as 3xTF32 where large, strict
-// where small; else as the mode says (precision.h).
+// backward's for float32 in the accurate mode strict, or as 3xTF32 from
+// LLTM_SPLIT_TF32_MACS on; else as the mode says (precision.h).
 inline void run_row_gemms(c10::ScalarType dtype, const Gemm* gemms, int count, bool backward) {
   if (dtype == c10::ScalarType::Float && split_tf32_rows(backward)) {
     const int64_t from = split_tf32_macs();
