@@ -94,6 +94,24 @@ def test_bench_cpu_rows():
         bench.Problem("rnn", 2, 1, 1, 1, torch.device("cpu"))
 
 
+def _errors_by_mode(monkeypatch, problem, ref, modes, forced):
+    """{mode: relative errors against `ref`} of `problem` run in each of `modes`; `forced`: the accurate
+    run's backward with its step products on the 3xTF32 MMA dot (the mode's forward has no MMA dot)."""
+    errors = {}
+    for mode in modes:
+        with bench.precision_mode(mode) as dtype, monkeypatch.context() as m:
+            hook = None
+            if forced and mode == "accurate":
+                hook = problem.module.register_forward_hook(
+                    lambda _m, _args, out: env_in_backward(m, out, LLTM_SEQ_DOT="mma")
+                )
+            got, _ = problem.run(dtype)
+            if hook is not None:
+                hook.remove()
+        errors[mode] = bench.relative_errors(got, ref)
+    return errors
+
+
 @cuda
 @pytest.mark.parametrize("backend", ["fused", "fused-tensor-cores", "aten"])
 @pytest.mark.parametrize("steps", [200, 1000])
@@ -112,18 +130,7 @@ def test_accurate_within_2x_of_strict(monkeypatch, steps, backend):
     ref_problem = bench.Problem("python", steps, 16, 32, 128, device)
     ref, _ = ref_problem.run(torch.float64)
     problem = bench.Problem(backend, steps, 16, 32, 128, device)
-    errors = {}
-    for mode in ("strict", "accurate", "tf32"):
-        with bench.precision_mode(mode) as dtype, monkeypatch.context() as m:
-            hook = None
-            if forced and mode == "accurate":  # (the backward only: the mode's forward has no MMA dot)
-                hook = problem.module.register_forward_hook(
-                    lambda _m, _args, out: env_in_backward(m, out, LLTM_SEQ_DOT="mma")
-                )
-            got, _ = problem.run(dtype)
-            if hook is not None:
-                hook.remove()
-        errors[mode] = bench.relative_errors(got, ref)
+    errors = _errors_by_mode(monkeypatch, problem, ref, ("strict", "accurate", "tf32"), bool(forced))
     strict, accurate = errors["strict"], errors["accurate"]
     bad = {k: (accurate[k], strict[k]) for k in bench.COLUMNS if accurate[k] > 2 * strict[k] + 1e-7}
     assert not bad, f"accurate vs strict error (T={steps}, {backend}): {bad}"
@@ -151,18 +158,7 @@ def test_accurate_within_2x_of_strict_seam_cells(monkeypatch, model, steps, B, I
     with bench.precision_mode("strict"):
         ref, _ = bench.Problem(cell, steps, B, I, S, device).run(torch.float64)
     problem = bench.Problem(model, steps, B, I, S, device)
-    errors = {}
-    for mode in ("strict", "accurate"):
-        with bench.precision_mode(mode) as dtype, monkeypatch.context() as m:
-            hook = None
-            if forced and mode == "accurate":
-                hook = problem.module.register_forward_hook(
-                    lambda _m, _args, out: env_in_backward(m, out, LLTM_SEQ_DOT="mma")
-                )
-            got, _ = problem.run(dtype)
-            if hook is not None:
-                hook.remove()
-        errors[mode] = bench.relative_errors(got, ref)
+    errors = _errors_by_mode(monkeypatch, problem, ref, ("strict", "accurate"), forced)
     strict, accurate = errors["strict"], errors["accurate"]
     bad = {k: (accurate[k], strict[k]) for k in strict if accurate[k] > 2 * strict[k] + 1e-7}
     assert not bad, f"accurate vs strict error (T={steps}, {B}x{I}x{S}, {model}): {bad}"

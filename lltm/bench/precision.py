@@ -47,11 +47,13 @@ NO_CELL_STATE = ("c_n", "d_c0")
 
 def cell_of(model: str) -> str:
     """The cell a model runs: "lltm", "lstm" or "gru"."""
-    return model.split("-")[0] if model.split("-")[0] in TORCH_MODELS else "lltm"
+    first = model.split("-")[0]
+    return first if first in TORCH_MODELS else "lltm"
 
 
-def _columns(model: str) -> tuple[str, ...]:
-    return tuple(c for c in COLUMNS if cell_of(model) != "gru" or c not in NO_CELL_STATE)
+def reference_model(cell: str) -> str:
+    """The model whose float64 run is a cell's reference: the python LLTM, nn.LSTM, nn.GRU."""
+    return "python" if cell == "lltm" else cell
 
 
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -85,6 +87,7 @@ class Problem:
         if model not in MODELS:
             raise ValueError(f"unknown model {model!r}; models: {', '.join(MODELS)}")
         self.model = model
+        self.cell = cell_of(model)
         gen = torch.Generator().manual_seed(seed)
         if model in TORCH_MODELS:
             self.module = TORCH_MODELS[model](I, S)
@@ -114,7 +117,7 @@ class Problem:
         grads = [g.to(dtype) for g in self.grads]
         params = dict(module.named_parameters())
 
-        gru = cell_of(self.model) == "gru"
+        gru = self.cell == "gru"
 
         def step() -> tuple[torch.Tensor, ...]:
             for p in (*leaves, *params.values()):
@@ -128,13 +131,13 @@ class Problem:
             return out, h_n, c_n
 
         out, h_n, c_n = step()
-        if cell_of(self.model) == "lltm":
+        if self.cell == "lltm":
             weights, bias = params["weights_l0"].grad, params["bias_l0"].grad
         else:
             weights = torch.cat([params["weight_ih_l0"].grad.flatten(), params["weight_hh_l0"].grad.flatten()])
             bias = torch.cat([params["bias_ih_l0"].grad, params["bias_hh_l0"].grad])
         got = (out, h_n, c_n, leaves[0].grad, weights, bias, leaves[1].grad, leaves[2].grad)
-        result = {name: t.detach().double() for name, t in zip(COLUMNS, got) if name in _columns(self.model)}
+        result = {name: t.detach().double() for name, t in zip(COLUMNS, got) if not (gru and name in NO_CELL_STATE)}
         return result, step
 
 
@@ -180,10 +183,10 @@ def measure(
             refs: dict[str, dict[str, torch.Tensor]] = {}
             for model in models:
                 problem = Problem(model, T, B, I, S, device)
-                cell = cell_of(model)
+                cell = problem.cell
                 if cell not in refs:
-                    own = model == ("python" if cell == "lltm" else cell)
-                    ref_problem = problem if own else Problem("python" if cell == "lltm" else cell, T, B, I, S, device)
+                    ref_model = reference_model(cell)
+                    ref_problem = problem if model == ref_model else Problem(ref_model, T, B, I, S, device)
                     with precision_mode("strict"):
                         refs[cell], _ = ref_problem.run(torch.float64)
                 ref = refs[cell]
