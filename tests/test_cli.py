@@ -359,8 +359,16 @@ def test_bench_rows_say_their_precision(torch_settings):
 
     cuda = cases.Config(batch_size=1, features=1, state_size=1, seq=2, device=torch.device("cuda"), dtype=torch.float32)
     torch_settings.set(matmul_tf32=False, cudnn_tf32=True)
-    got = {n: cases.precision(n, cuda) for n in ("fused", "fused-tf32", "lstm", "lstm-notf32", "python")}
-    assert got == {"fused": "fp32", "fused-tf32": "TF32", "lstm": "TF32", "lstm-notf32": "fp32", "python": "fp32"}
+    names = ("fused", "fused-tf32", "fused-accurate", "lstm", "lstm-notf32", "python")
+    got = {n: cases.precision(n, cuda) for n in names}
+    assert got == {
+        "fused": "fp32",
+        "fused-tf32": "TF32",
+        "fused-accurate": "accurate",
+        "lstm": "TF32",
+        "lstm-notf32": "fp32",
+        "python": "fp32",
+    }
     torch_settings.set(matmul_tf32=True)
     assert cases.precision("fused", cuda) == "TF32"
     bf16 = cases.Config(
@@ -375,8 +383,9 @@ def test_bench_rows_say_their_precision(torch_settings):
     assert cases.precision("lstm", bf16) == "bfloat16"
     cpu = cases.Config(batch_size=1, features=1, state_size=1, seq=2, device=torch.device("cpu"), dtype=torch.float32)
     assert cases.precision("lstm", cpu) == "fp32"
-    built, skipped = cases.build(["fused", "fused-tf32"], cpu)
-    assert [c.name for c in built] == ["fused"] and skipped == {"fused-tf32": "CUDA only"}
+    built, skipped = cases.build(["fused", "fused-tf32", "fused-accurate"], cpu)
+    assert [c.name for c in built] == ["fused"]
+    assert skipped == {"fused-tf32": "CUDA only", "fused-accurate": "CUDA only"}
 
     names = ("fused", "fused-tf32", "lstm", "lstm-notf32")
     host = {n: (100.0, 200.0) for n in names}
@@ -423,7 +432,7 @@ def test_seq_sweep_summary_against_the_targets():
     pick is within 10% of the fastest forced path (nocluster, a subset of paths, is not a candidate)."""
     from lltm.bench.seq_sweep import format_point, summary
 
-    def point(auto, grid, loop, tf32):
+    def point(auto, grid, loop, tf32, accurate):
         times = {
             "grid": (grid, 0.0),
             "loop": (loop, 0.0),
@@ -432,17 +441,19 @@ def test_seq_sweep_summary_against_the_targets():
             "lstm": (100.0, 0.0),
             "lstm-notf32": (200.0, 0.0),
             "auto-tf32": (tf32, 0.0),
+            "auto-accurate": (accurate, 0.0),
         }
         return {"B": 16, "S": 128, "picked": ["grid", "loop"], "floors": {"grid": 1.0}, "times": times}
 
-    points = [point(50, 50, 80, 40), point(120, 100, 130, 90), point(90, 95, 90, 60)]
+    points = [point(50, 50, 80, 40, 48), point(120, 100, 130, 90, 180), point(90, 95, 90, 60, 75)]
     text = summary(points, ["grid", "loop", "nocluster"])
     assert "auto / lstm strict: max 0.60, median 0.45" in text
     assert "auto TF32 / lstm (TF32 both): max 0.90, median 0.60" in text
     assert "auto / fastest forced path: max 1.20, median 1.00, within 1.10 at 2 of 3 points" in text
+    assert "auto accurate / auto TF32: max 2.00, median 1.25, within 1.30 at 2 of 3 points" in text
     row = format_point(points[1], ["grid", "loop", "nocluster"])
     assert row.startswith("| 16x128 | 100 | 130 | 100 | 120 (grid/loop) | 1.20 | 100 | 200 | 1.20 | 0.60 | 0.50 |")
-    assert "| 90 | 0.90 |" in row
+    assert "| 90 | 0.90 | 180 | 2.00 |" in row
 
 
 def test_seq_sweep_planner_by_trial_times():

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from lltm import _backends, _registry, cells, functional
+from lltm.precision import fp32_precision
 from lltm.reference import lltm_cell_reference
 
 Outputs = tuple[Tensor, ...]
@@ -36,9 +37,11 @@ ROWS: dict[str, str] = {
     "fused-tf32": "lltm.LLTM(backend='fused') with torch.backends.cuda.matmul.allow_tf32 = True: TF32 wherever "
     "the layer runs cuBLAS or the persistent kernels' tensor-core dot (sequence mode, float32 on CUDA only); "
     "compare with lstm, as lstm-notf32 with fused",
+    "fused-accurate": "lltm.LLTM(backend='fused') inside lltm.fp32_precision('accurate'): strict fp32's errors, "
+    "tensor cores where they hold them (sequence mode, float32 on CUDA only); compare its time with fused-tf32",
     "gemm": "the bare GEMMs of one cell step: addmm forward, two mm backward (cell mode only)",
 }
-ALIASES = {"lstmcell": "lstm", "notf32": "lstm-notf32", "tf32": "fused-tf32"}
+ALIASES = {"lstmcell": "lstm", "notf32": "lstm-notf32", "tf32": "fused-tf32", "accurate": "fused-accurate"}
 CELL_DEFAULT = (*BACKEND_ROWS, "compile", "compile-ro", "lstm", "gemm")
 SEQ_DEFAULT = (*BACKEND_ROWS, "compile", "compile-ro", "lstm", "lstm-notf32", "fused-tf32")
 # nn.LSTM / nn.GRU in float16 whatever the run's dtype: cuDNN's fast half path
@@ -46,6 +49,8 @@ HALF_PEERS = ("lstm-fp16", "gru-fp16")
 # Like with like on CUDA in float32 (each pair computes in the same precision):
 # (row, peer) for `lltm bench --seq`'s footer.
 LIKE_PAIRS = (("fused", "lstm-notf32"), ("fused-tf32", "lstm"))
+# Rows that run the fused layer under one of lltm's float32 modes (lltm.fp32_precision), and that mode
+FP32_MODE_ROWS = {"fused-tf32": "tf32", "fused-accurate": "accurate"}
 
 
 class Skip(Exception):
@@ -168,6 +173,8 @@ def precision(name: str, cfg: Config) -> str:
         return "float16"
     if name == "fused-tf32":
         return "TF32"
+    if name == "fused-accurate":
+        return "accurate"
     if name in ("lstm-notf32", "gru-notf32"):
         return "fp32"
     if name in ("lstm", "gru"):
@@ -180,15 +187,15 @@ def _check_common(name: str, cfg: Config) -> None:
     cuda = cfg.device.type == "cuda"
     if name in BACKEND_ROWS and not _backends.is_available(name, cfg.device.type):
         raise Skip(f"backend {name!r} is not available on {cfg.device.type}")
-    if name in ("compile-ro", "lstm-notf32", "gru-notf32", "fused-tf32") and not cuda:
+    if name in ("compile-ro", "lstm-notf32", "gru-notf32", *FP32_MODE_ROWS) and not cuda:
         raise Skip("CUDA only")
     if name in HALF_PEERS and not cuda:
         raise Skip("CUDA only (cuDNN's half path)")
     if name in HALF_PEERS and (cfg.autocast or cfg.dtype) != torch.bfloat16:
         raise Skip("a peer of bfloat16 runs (--dtype bfloat16 or --autocast bfloat16); with float16 the lstm row is it")
-    if name == "fused-tf32" and (cfg.dtype != torch.float32 or cfg.autocast is not None):
-        raise Skip("float32 only (TF32 is a float32 setting)")
-    if name == "fused-tf32" and not _backends.is_available("fused", cfg.device.type):
+    if name in FP32_MODE_ROWS and (cfg.dtype != torch.float32 or cfg.autocast is not None):
+        raise Skip(f"float32 only ({FP32_MODE_ROWS[name]} is a float32 mode)")
+    if name in FP32_MODE_ROWS and not _backends.is_available("fused", cfg.device.type):
         raise Skip(f"backend 'fused' is not available on {cfg.device.type}")
 
 
@@ -207,7 +214,7 @@ class _Random:
 def cell_case(name: str, cfg: Config) -> Case:
     """A row of the cell mode: one step, input (B, I), state (B, S)."""
     _check_common(name, cfg)
-    if name in ("lstm-notf32", "gru", "gru-notf32", "fused-tf32", *HALF_PEERS):
+    if name in ("lstm-notf32", "gru", "gru-notf32", *FP32_MODE_ROWS, *HALF_PEERS):
         raise Skip("sequence mode only")
     B, I, S = cfg.batch_size, cfg.features, cfg.state_size
     rand = _Random(cfg)
@@ -275,14 +282,16 @@ def seq_case(name: str, cfg: Config) -> Case:
     spec = cells.load(cfg.cell)  # a built-in cell, or one of lltm.cells.define (FILE.py:FUNCTION)
     layer = {"lltm": LLTM, "lstm": LSTM, "gru": GRU}.get(cfg.cell) or spec.Layer
     note = f"lltm.{layer.__qualname__}, T={T}"
-    if name in BACKEND_ROWS or name == "fused-tf32":
-        backend = "fused" if name == "fused-tf32" else name
+    if name in BACKEND_ROWS or name in FP32_MODE_ROWS:
+        backend = "fused" if name in FP32_MODE_ROWS else name
         if not _backends.is_available(backend, cfg.device.type, spec.op_family()):
             raise Skip(f"{backend} has no {cfg.cell} operators on {cfg.device.type}")
         module: nn.Module = layer(I, S, backend=backend, **factory)
         call = module
         if name == "fused-tf32":
             note += ", torch.backends.cuda.matmul.allow_tf32 = True"
+        elif name == "fused-accurate":
+            note += ", lltm.fp32_precision('accurate')"
     elif name in ("compile", "compile-ro"):
         module = layer(I, S, backend="python", **factory)
         mode = "reduce-overhead" if name == "compile-ro" else None
@@ -321,6 +330,8 @@ def seq_case(name: str, cfg: Config) -> Case:
         return _no_tf32(case)
     if name == "fused-tf32":
         return _within(case, lambda: _tf32(torch.backends.cuda.matmul, True))
+    if name == "fused-accurate":
+        return _within(case, lambda: fp32_precision("accurate"))
     return case
 
 

@@ -3,7 +3,7 @@ forced (LLTM_SEQ_PATH: the cluster kernel at each cluster size, the grid
 kernel, each on the FMA units, and both on tensor cores (LLTM_SEQ_DOT=mma,
 the planner's split), the graph-replayed step loop), the planner's own pick, and nn.LSTM
 (cuDNN) with and without TF32, and the planner's pick with TF32 allowed
-(float32), and nn.LSTM in float16 beside a bfloat16 run (cuDNN's fast half
+and in lltm's accurate mode (float32), and nn.LSTM in float16 beside a bfloat16 run (cuDNN's fast half
 path), side by side in one run, rounds interleaved; with, per grid
 point, the planner's choice against the fastest path and the floor of the
 work (the layer's FLOPs at the device's peak plus one barrier per step).
@@ -181,6 +181,7 @@ def sweep_point(
     rows.update({"lstm": (peer, "auto"), "lstm-notf32": (f"{peer}-notf32", "auto")})
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         rows["auto-tf32"] = ("fused-tf32", "auto")
+        rows["auto-accurate"] = ("fused-accurate", "auto")
     if dtype == torch.bfloat16:  # cuDNN's fast half path beside its bfloat16 one
         rows["lstm-fp16"] = (f"{peer}-fp16", "auto")
     built: dict[str, cases.Case] = {}
@@ -236,6 +237,8 @@ def format_point(point: dict, paths: list[str]) -> str:
         cells.append(ratio(t["nocluster"], t["lstm-notf32"]))
     if "auto-tf32" in t:
         cells += [fmt(t["auto-tf32"]), ratio(t["auto-tf32"], t["lstm"])]
+    if "auto-accurate" in t:
+        cells += [fmt(t["auto-accurate"]), ratio(t["auto-accurate"], t["auto-tf32"])]
     if "lstm-fp16" in t:
         faster = None if t["lstm"] is None or t["lstm-fp16"] is None else min(t["lstm"], t["lstm-fp16"])
         cells += [fmt(t["lstm-fp16"]), ratio(t["auto"], t["lstm-fp16"]), ratio(t["auto"], faster)]
@@ -281,7 +284,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if "nocluster" in paths:
         head.append("nocluster / strict")
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        head += ["auto TF32", "TF32 / lstm"]
+        head += ["auto TF32", "TF32 / lstm", "auto accurate", "accurate / TF32"]
     if dtype == torch.bfloat16:
         head += ["lstm fp16", "/ lstm fp16", "/ faster cuDNN half"]
     head.append("floor µs")
@@ -320,6 +323,12 @@ def summary(points: list[dict], paths: list[str]) -> str:
                 out.append(a / b)
         return out
 
+    def within(label: str, values: list[float], bound: float) -> str:
+        line = stats(label, values)
+        return line + (
+            f", within {bound:.2f} at {sum(r <= bound for r in values)} of {len(values)} points" if values else ""
+        )
+
     forced = [p for p in paths if p != "nocluster"]
     picks = []
     for p in points:
@@ -333,16 +342,11 @@ def summary(points: list[dict], paths: list[str]) -> str:
         stats("loop / lstm strict", ratios("loop", "lstm-notf32")),
         stats("auto / lstm (default precision)", ratios("auto", "lstm")),
         stats("auto TF32 / lstm (TF32 both)", ratios("auto-tf32", "lstm")),
+        within("auto accurate / auto TF32", ratios("auto-accurate", "auto-tf32"), 1.30),
         stats("auto / lstm fp16 (cuDNN's fast half path)", ratios("auto", "lstm-fp16")),
         stats("lstm fp16 / lstm (cuDNN fp16 over its own dtype)", ratios("lstm-fp16", "lstm")),
-        stats("auto / fastest forced path", picks)
-        + (f", within 1.10 at {sum(r <= 1.10 for r in picks)} of {len(picks)} points" if picks else ""),
-        stats("auto / fastest plan timed by any row's planner (trial GPU times)", trial_picks)
-        + (
-            f", within 1.10 at {sum(r <= 1.10 for r in trial_picks)} of {len(trial_picks)} points"
-            if trial_picks
-            else ""
-        ),
+        within("auto / fastest forced path", picks, 1.10),
+        within("auto / fastest plan timed by any row's planner (trial GPU times)", trial_picks, 1.10),
     ]
     return "\n".join(line for line in lines if not line.endswith(": -"))
 
