@@ -387,11 +387,17 @@ def test_bench_rows_say_their_precision(torch_settings):
     assert [c.name for c in built] == ["fused"]
     assert skipped == {"fused-tf32": "CUDA only", "fused-accurate": "CUDA only"}
 
-    names = ("fused", "fused-tf32", "lstm", "lstm-notf32")
+    names = ("fused", "fused-tf32", "fused-accurate", "lstm", "lstm-notf32")
     host = {n: (100.0, 200.0) for n in names}
-    timer = {"fused": (60.0, 120.0), "fused-tf32": (40.0, 80.0), "lstm": (100.0, 200.0), "lstm-notf32": (150.0, 300.0)}
+    timer = {
+        "fused": (60.0, 120.0),
+        "fused-tf32": (40.0, 80.0),
+        "fused-accurate": (50.0, 100.0),
+        "lstm": (100.0, 200.0),
+        "lstm-notf32": (150.0, 300.0),
+    }
     rows = _fake_results(host, timer, peer="lstm", pipelined=True)
-    for r, p in zip(rows, ("fp32", "TF32", "TF32", "fp32")):
+    for r, p in zip(rows, ("fp32", "TF32", "accurate", "TF32", "fp32")):
         r.precision = p
     meta = {
         "seq": 2,
@@ -408,7 +414,8 @@ def test_bench_rows_say_their_precision(torch_settings):
         "gradients": "all",
     }
     table = report.format_table(rows, meta, {})
-    assert "precision: fused fp32, fused-tf32 TF32, lstm TF32, lstm-notf32 fp32" in table
+    assert "precision: fused fp32, fused-tf32 TF32, fused-accurate accurate, lstm TF32, lstm-notf32 fp32" in table
+    assert "accurate mode over TF32, f+b (Timer medians): fused-accurate / fused-tf32 1.25" in table
     like = (
         "like with like, f+b (Timer medians): fused (fp32) / lstm-notf32 (fp32) 0.40, "
         "fused-tf32 (TF32) / lstm (TF32) 0.40"

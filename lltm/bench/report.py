@@ -216,7 +216,7 @@ def format_table(rows: list[Result], meta: dict, skipped: dict[str, str]) -> str
                 for r in with_peer
             )
         )
-    if any(r.precision == "TF32" for r in rows):
+    if any(r.precision in ("TF32", "accurate") for r in rows):
         foot.append("precision: " + ", ".join(f"{r.name} {r.precision}" for r in rows if r.precision))
     by_name = {r.name: r for r in rows}
     like = [(by_name[a], by_name[b]) for a, b in LIKE_PAIRS if a in by_name and b in by_name]
@@ -226,6 +226,9 @@ def format_table(rows: list[Result], meta: dict, skipped: dict[str, str]) -> str
             ratio = _fmt(_ratio(sum(a.trusted_us()), sum(b.trusted_us())))
             pairs.append(f"{a.name} ({a.precision}) / {b.name} ({b.precision}) {ratio}")
         foot.append(f"like with like, f+b ({basis}): " + ", ".join(pairs))
+    if "fused-accurate" in by_name and "fused-tf32" in by_name:  # what fp32's accuracy costs over TF32
+        cost = _ratio(sum(by_name["fused-accurate"].trusted_us()), sum(by_name["fused-tf32"].trusted_us()))
+        foot.append(f"accurate mode over TF32, f+b ({basis}): fused-accurate / fused-tf32 {_fmt(cost)}")
     for half_peer in HALF_PEERS:  # cuDNN's two half paths, and which the lltm rows should be held to
         base = half_peer.removesuffix("-fp16")
         if half_peer in by_name and base in by_name:
