@@ -37,7 +37,8 @@ import lltm
 MODES = ("strict", "tf32", "accurate", "bf16", "fp16")
 LLTM_MODELS = ("python", "aten", "fused")
 TORCH_MODELS = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}  # each cell's float64 reference too
-SEAM_MODELS = ("lstm-aten", "lstm-fused", "gru-aten", "gru-fused")  # lltm.LSTM / lltm.GRU, cell-backend
+# lltm.LSTM / lltm.GRU on a backend: "cell-backend" -> (cell, backend)
+SEAM_MODELS = {f"{cell}-{backend}": (cell, backend) for cell in TORCH_MODELS for backend in ("aten", "fused")}
 MODELS = (*LLTM_MODELS, *TORCH_MODELS, *SEAM_MODELS)
 # The table's columns: outputs, then the gradients (lltm names; the torch layout's weights / biases
 # are weight_ih and weight_hh / bias_ih and bias_hh together). A GRU has no c_n and d_c0.
@@ -92,7 +93,7 @@ class Problem:
         if model in TORCH_MODELS:
             self.module = TORCH_MODELS[model](I, S)
         elif model in SEAM_MODELS:
-            cell, backend = model.split("-")
+            cell, backend = SEAM_MODELS[model]
             self.module = {"lstm": lltm.LSTM, "gru": lltm.GRU}[cell](I, S, backend=backend)
         else:
             self.module = lltm.LLTM(I, S, backend=model)
@@ -213,7 +214,7 @@ def _name(model: str) -> str:
     if model in TORCH_MODELS:
         return f"nn.{model.upper()}"
     if model in SEAM_MODELS:
-        cell, backend = model.split("-")
+        cell, backend = SEAM_MODELS[model]
         return f"lltm.{cell.upper()} {backend}"
     return f"lltm {model}"
 
