@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
+import torch
 from torch.utils import cpp_extension
 
 from lltm import _sources
@@ -90,3 +93,32 @@ def test_probe_compiles(tmp_path, name):
         text=True,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_ozaki_probe(capsys, monkeypatch):
+    """scripts/ozaki_probe.py (docs/benchmarks-history.md section 57): its int8-slice product is
+    exact up to its slices (five a side: float32's product to float32's rounding; fewer: a larger
+    error, in order), every slice fits int8, and a short run prints each mode's row."""
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "ozaki_probe.py")
+    spec = importlib.util.spec_from_file_location("ozaki_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "ozaki_probe", probe)  # its dataclass looks itself up there
+    spec.loader.exec_module(probe)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(24, 40, generator=gen) * torch.logspace(-3, 3, 40)  # columns of every scale
+    b = torch.randn(40, 16, generator=gen)
+    exact = a.double() @ b.double()
+    scale = a.double().abs() @ b.double().abs()  # the size of each sum's terms
+
+    def error(left: int, right: int, cutoff: int) -> float:
+        got = probe.ozaki_mm(a, b, probe.Ozaki(left, right, cutoff)).double()
+        return ((got - exact).abs() / scale).max().item()
+
+    assert error(5, 5, 6) < 2.0**-23  # the dropped terms are below 2^-35 of a row's scale
+    assert error(5, 5, 6) < error(4, 4, 5) < error(3, 3, 4)
+    assert probe.Ozaki(4, 4, 5).products == 10 and probe.Ozaki(3, 4, 5).products == 9
+    pieces, _ = probe._slices(a.double(), 1, 4)
+    assert all(p.abs().max() <= 127 and torch.equal(p, p.round()) for p in pieces)
+    assert probe.main(["--steps", "3", "--seeds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| strict fp32 | " in out and "4x4, s+t<=5 (10)" in out and "T = 3, strict fp32: 1.00 - 1.00" in out
