@@ -154,7 +154,7 @@ def test_accurate_within_2x_of_strict_seam_cells(monkeypatch, model, steps, B, I
         pytest.skip("fused not built for CUDA")
     if forced and torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("no tensor-core MMA before sm_80")
-    cell = model.split("-")[0]
+    cell = bench.cell_of(model)
     with bench.precision_mode("strict"):
         ref, _ = bench.Problem(cell, steps, B, I, S, device).run(torch.float64)
     problem = bench.Problem(model, steps, B, I, S, device)

@@ -48,8 +48,16 @@ NO_CELL_STATE = ("c_n", "d_c0")
 
 def cell_of(model: str) -> str:
     """The cell a model runs: "lltm", "lstm" or "gru"."""
-    first = model.split("-")[0]
-    return first if first in TORCH_MODELS else "lltm"
+    if model in TORCH_MODELS:
+        return model
+    return SEAM_MODELS[model][0] if model in SEAM_MODELS else "lltm"
+
+
+def backend_of(model: str) -> Optional[str]:
+    """The lltm backend a model runs on; None for torch's own modules."""
+    if model in TORCH_MODELS:
+        return None
+    return SEAM_MODELS[model][1] if model in SEAM_MODELS else model
 
 
 def reference_model(cell: str) -> str:
@@ -319,7 +327,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--json", help="write the rows (and the setup) here")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    models = [m for m in args.models if m in TORCH_MODELS or lltm.backends(device.type).get(m.split("-")[-1])]
+    models = [m for m in args.models if backend_of(m) is None or lltm.backends(device.type).get(backend_of(m))]
     rows = measure(
         args.steps,
         args.sizes,
