@@ -50,7 +50,7 @@
 # when they fail; the exit code is non-zero if any did.
 # Environment: PYTHON, TORCH_CUDA_ARCH_LIST (default 9.0), MAX_JOBS, BENCH_DEVICE,
 # BENCH_SIZES (e.g. "16x32x128 4096x1024x1024"), BENCH_DTYPES, BENCH_ARGS,
-# PYTEST_ARGS, PYTEST_WORKERS (0: no xdist), SANITIZE_K, SANITIZE_SEQ_K, SANITIZE_SEQ_RACE_K, SANITIZE_CELLS_K,
+# PYTEST_ARGS, PYTEST_WORKERS (0: no xdist; default 4, testall up to 14), SANITIZE_K, SANITIZE_SEQ_K, SANITIZE_SEQ_RACE_K, SANITIZE_CELLS_K,
 # SANITIZE_CELLS_RACE_K (pytest -k expressions of the sanitizers' subsets),
 # BUILD_LIMIT / TEST_LIMIT / TESTALL_LIMIT / SANITIZE_LIMIT (seconds per stage), DEADLINE
 # (seconds from the start after which no stage runs or keeps running), CC / CXX
@@ -149,11 +149,15 @@ for stage in "${stages[@]}"; do
       ;;
     testall)
       # every other test, the GPU-parametrised ones included; xdist keeps a
-      # crashing test from taking the rest down with it. The whole suite took
-      # ~300 s with 14 workers and more than 359 s with 8 on an H200 machine
-      # (16 cores; CPU-bound tests set it), hence 900 s for 4.
-      if [ "${PYTEST_WORKERS:-4}" = 0 ]; then xdist=(-p no:xdist); else xdist=(-n "${PYTEST_WORKERS:-4}" --dist loadfile); fi
-      run_stage testall "${TESTALL_LIMIT:-900}" "$PYTHON" -X faulthandler -m pytest tests --ignore=tests/test_cuda.py \
+      # crashing test from taking the rest down with it. CPU-bound tests and
+      # the user cells' CUDA builds (~60 s each alone on 16 cores, 160-170 s
+      # when 14 workers share them) set the time: on an H200 machine (16
+      # cores) the whole suite took ~1,000 s with 14 workers (two parts, 377 s
+      # and over 588 s, 2026-12-01; ~300 s when it was smaller), hence up to 14
+      # workers by default and 1,800 s.
+      workers=${PYTEST_WORKERS:-$(($(nproc) < 14 ? $(nproc) : 14))}
+      if [ "$workers" = 0 ]; then xdist=(-p no:xdist); else xdist=(-n "$workers" --dist loadfile); fi
+      run_stage testall "${TESTALL_LIMIT:-1800}" "$PYTHON" -X faulthandler -m pytest tests --ignore=tests/test_cuda.py \
         -q -rfEs -p no:cacheprovider "${xdist[@]}" ${PYTEST_ARGS:-}
       grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/testall.log" | tail -n 30 | sed 's/^/          /' | tee -a "$SUMMARY"
       ;;
