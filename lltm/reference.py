@@ -43,7 +43,14 @@ def lltm_cell_reference(
     old_h, old_cell: (B, S). Returns (new_h, new_cell), each (B, S).
     """
     X = torch.cat([old_h, input], dim=1)
-    gates = F.linear(X, weights, bias)
+    return lltm_gates_reference(F.linear(X, weights, bias), old_cell)
+
+
+def lltm_gates_reference(gates: Tensor, old_cell: Tensor) -> tuple[Tensor, Tensor]:
+    """The step's pointwise part, from its pre-activations on.
+
+    gates: (B, 3S) = X @ weights.T + bias; old_cell: (B, S). Returns (new_h, new_cell), each (B, S).
+    """
     input_gate, output_gate, candidate = gates.chunk(3, dim=1)
     new_cell = old_cell + F.elu(candidate) * torch.sigmoid(input_gate)
     new_h = torch.tanh(new_cell) * torch.sigmoid(output_gate)

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from lltm.reference import lltm_gates_reference, lltm_reference
 
 BITS = 7  # magnitude bits of an int8 slice
 
@@ -105,19 +106,20 @@ class Product(torch.autograd.Function):
 
 
 def lltm_layer(x: Tensor, w: Tensor, bias: Tensor, h: Tensor, c: Tensor, fwd: MM, bwd: MM):
-    """x: (T, B, I); w: (3S, S + I) as [W_h | W_x]; bias: (3S,); h, c: (B, S). (outputs (T, B, S), c_T)."""
+    """x: (T, B, I); w: (3S, S + I) as [W_h | W_x]; bias: (3S,); h, c: (B, S). (outputs (T, B, S), c_T).
+
+    lltm.reference's layer over x W_x^T + bias projected first, as the fused backend does; each
+    step adds h W_h^T and runs the reference's pointwise part."""
     T, B, I = x.shape
     S = h.shape[1]
     w_h, w_x = w[:, :S], w[:, S:]
     projected = Product.apply(x.reshape(T * B, I), w_x.t(), fwd, bwd).reshape(T, B, 3 * S) + bias
-    outs = []
-    for t in range(T):
-        gates = projected[t] + Product.apply(h, w_h.t(), fwd, bwd)
-        i, o, z = gates.chunk(3, dim=1)
-        c = c + F.elu(z) * torch.sigmoid(i)
-        h = torch.tanh(c) * torch.sigmoid(o)
-        outs.append(h)
-    return torch.stack(outs), c
+
+    def step(p: Tensor, _w, _b, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+        return lltm_gates_reference(p + Product.apply(h, w_h.t(), fwd, bwd), c)
+
+    out, (_, c_T) = lltm_reference(projected, w, None, h, c, cell=step)
+    return out, c_T
 
 
 def errors(steps: int, seed: int, modes: dict[str, tuple[MM, MM]], B: int = 16, I: int = 32, S: int = 128):
