@@ -38,8 +38,9 @@
 #             cycles per phase of a persistent kernel's step; rebuilds without the clocks after
 #   probe     (not in the default list; needs no build) scripts/grid_exchange_probe.cu compiled for
 #             sm_90 and run: the grid's and the cluster's exchange protocols alone and the cluster
-#             design's whole LLTM step at FlashRNN's point (ns a step; every reload checked); then
-#             scripts/tf32_split_probe.cu: the float32 tile dot's error, lean and cost in five forms
+#             design's whole LLTM step at FlashRNN's point (ns a step; every reload checked);
+#             scripts/grid_step_probe.cu: the grid path's whole step there, one part against two
+#             (every gate sum at two steps checked); then scripts/tf32_split_probe.cu: the float32 tile dot's error, lean and cost in five forms
 #   compile   lltm train --compile against eager (charlm, hidden 256, batch 64, seq 128):
 #             python -m lltm.bench.train_step (steady steps interleaved, the modes' costliest
 #             ops), then two real runs whose summaries give warm-up and steady state apart
@@ -289,12 +290,12 @@ EOF
       grep -E "^lltm train step|^ +(mode|eager|default|reduce-overhead) \||^\| lltm" "$OUT/compile.log" >>"$SUMMARY"
       ;;
     probe)
-      for probe in grid_exchange_probe tf32_split_probe; do
+      for probe in grid_exchange_probe grid_step_probe tf32_split_probe; do
         run_stage probe 240 bash -c "nvcc -arch=sm_90 -O3 -std=c++17 -o '$OUT/$probe' scripts/$probe.cu && '$OUT/$probe'"
         rm -f "$OUT/$probe"
       done
       grep -E "wrong|no progress|needs a GPU" "$OUT/probe.log" | grep -vE " 0 wrong" | head -n 5 | sed 's/^/          /' | tee -a "$SUMMARY"
-      grep -E "^LLTM step|relative error" "$OUT/probe.log" | sed 's/^/          /' | tee -a "$SUMMARY"
+      grep -E "^LLTM step|^(forward|backward) |relative error" "$OUT/probe.log" | sed 's/^/          /' | tee -a "$SUMMARY"
       ;;
     phases)
       LLTM_STEP_CLOCKS=1 run_stage phases "${BUILD_LIMIT:-480}" "$PYTHON" setup.py -q build_ext --inplace
