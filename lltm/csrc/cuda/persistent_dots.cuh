@@ -577,7 +577,15 @@ __device__ __forceinline__ void mma_dot_held_ms(const MmaOperands& o, int ksteps
         mma_tile<scalar_t>(acc[kk % kSets][m][0], held[held_index<MS, G>(seg, m, kk)], bf[0]);
       walk.next();
     };
-    if (!kPart || nk <= KS) {
+    if (nk == KS) {
+      // Every held k step (the planner's usual split): no exit test between
+      // them, so the B loads of all of them issue ahead of their MMAs. With
+      // the test each step's loads waited for it and the MMAs for the loads
+      // (a probe's one-tile backward step at FlashRNN's point: products 950
+      // against 488 cycles; docs/benchmarks-history.md, section 59).
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) held_step(kk);
+    } else if (!kPart || nk < KS) {
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk) {
         if (kk >= nk) break;
