@@ -81,7 +81,20 @@ struct Args {
   unsigned long long* times;  // CTA 0's timer after step 100 and at the end
   long long* cycles;          // CTA 0, thread 0: wait, products, cell (sums after step 100)
   int steps;
+  int units, row, state, ksteps;  // kRuntimeShape: J, kRow, kS and a warp's k steps, at run time
 };
+
+// Variants of the one-part step, each a feature of the kernels' step that
+// the plain probe leaves out (bits of the kernel's template parameter V):
+//   kRuntimeShape  units, row length and state size (and the held k loop's
+//                  bound) read at run time, as the kernels' generic code does;
+//   kBlockWaits    the backward's k steps walked gate block by gate block, each
+//                  block reloaded onto its own mbarrier and waited for as the
+//                  products reach it (GridExchange's wait_block);
+//   kFourSets      four accumulator sets round the k steps (the kernels' one-tile dot);
+//   kWholeFirst    with kRuntimeShape: a warp whose run-time k steps are all
+//                  of the held ones runs a loop without the exit test.
+constexpr int kRuntimeShape = 1, kBlockWaits = 2, kFourSets = 4, kWholeFirst = 8;
 
 __device__ __forceinline__ unsigned long long timer_ns() {
   unsigned long long t;
@@ -119,7 +132,7 @@ __device__ __forceinline__ float half_value(uint16_t v) {
 // R: exchanged gate blocks (1: the forward's h; 3: the backward's dz_h); J:
 // units a CTA; TILES: 16-row MMA tiles of its dot rows (3 J forward, J
 // backward); kTwoParts: the design (above).
-template <int R, int J, int TILES, bool kTwoParts>
+template <int R, int J, int TILES, bool kTwoParts, int V = 0>
 __global__ void __launch_bounds__((kWarps + 2) * 32, 1) step_kernel(Args a) {
   constexpr int K = R * kS, KW = K / 16 / kWarps;  // k steps of 16 a warp
   constexpr int D = (R == 1 ? 3 : 1) * J, T16 = TILES * 16, kFrags = TILES * KW;
@@ -134,17 +147,27 @@ __global__ void __launch_bounds__((kWarps + 2) * 32, 1) step_kernel(Args a) {
   uint16_t* buf = reinterpret_cast<uint16_t*>(smem + 128);  // [kParts][R][kRows][kRow]
   float* partial =
       reinterpret_cast<float*>(buf + kParts * R * kRows * kRow);  // [kParts][kWarps][T16][kPartial]
+  static_assert(!(V & kBlockWaits) || (R > 1 && !kTwoParts), "block waits: the one-part backward's");
+  constexpr int kSets = (V & kFourSets) ? 4 : 1, KWS = KW / R;  // k steps a warp in each gate block
+  const int Jr = (V & kRuntimeShape) ? a.units : J, row = (V & kRuntimeShape) ? a.row : kRow;
+  const int Sr = (V & kRuntimeShape) ? a.state : kS, kw = (V & kRuntimeShape) ? a.ksteps : KW;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int cta = kTwoParts ? static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x) % G;
   const int chunk = kTwoParts ? 0 : static_cast<int>(blockIdx.x) / G;  // one part: the group's chunk
   const auto full = [&](int q) { return bars + 8 * q; };
   const auto done = [&](int q) { return bars + 16 + 8 * q; };
+  const auto block_bar = [&](int i) { return bars + 32 + 8 * i; };  // kBlockWaits: gate block i's
+  // The global k step of this warp's s-th: a range of k (or kBlockWaits: a range of each block's).
+  const auto kstep_of = [&](int s) {
+    return (V & kBlockWaits) ? s / KWS * (kS / 16) + warp * KWS + s % KWS : warp * KW + s;
+  };
 
   if (tid == 0) {
     for (int q = 0; q < 2; ++q) {
       mbarrier_init_count(full(q), 1);
       mbarrier_init_count(done(q), kCompute);
     }
+    for (int i = 0; i < 3; ++i) mbarrier_init_count(block_bar(i), 1);
   }
   for (int e = tid; e < kParts * R * kRows * kRow; e += blockDim.x) {  // step 0's rows, padding zero
     const int col = e % kRow, r = e / kRow % kRows, i = e / (kRow * kRows) % R, q = e / (kRow * kRows * R);
@@ -174,27 +197,27 @@ __global__ void __launch_bounds__((kWarps + 2) * 32, 1) step_kernel(Args a) {
   }
 
   // This warp's A fragments (m16n8k16's layout): tile m's rows over k steps k0 .. k0 + KW - 1.
-  const int g = lane / 4, c2 = lane % 4 * 2, k0 = warp * KW;
+  const int g = lane / 4, c2 = lane % 4 * 2;
   uint32_t held[kFrags][4];
   const uint16_t* w = a.w + static_cast<size_t>(cta) * T16 * K;
 #pragma unroll
   for (int f = 0; f < kFrags; ++f) {
-    const int row = f % TILES * 16 + g, k = (k0 + f / TILES) * 16 + c2;
-    held[f][0] = *reinterpret_cast<const uint32_t*>(w + row * K + k);
-    held[f][1] = *reinterpret_cast<const uint32_t*>(w + (row + 8) * K + k);
-    held[f][2] = *reinterpret_cast<const uint32_t*>(w + row * K + k + 8);
-    held[f][3] = *reinterpret_cast<const uint32_t*>(w + (row + 8) * K + k + 8);
+    const int wr = f % TILES * 16 + g, k = kstep_of(f / TILES) * 16 + c2;
+    held[f][0] = *reinterpret_cast<const uint32_t*>(w + wr * K + k);
+    held[f][1] = *reinterpret_cast<const uint32_t*>(w + (wr + 8) * K + k);
+    held[f][2] = *reinterpret_cast<const uint32_t*>(w + wr * K + k + 8);
+    held[f][3] = *reinterpret_cast<const uint32_t*>(w + (wr + 8) * K + k + 8);
   }
 
-  const int u = tid % J, r = tid / J, col = cta * J + u;  // the cell's (unit, row), tid < kItems
-  const bool cell_thread = tid < kItems;
+  const int u = tid % Jr, r = tid / Jr, col = cta * Jr + u;  // the cell's (unit, row), tid < kItems
+  const bool cell_thread = tid < Jr * kRows;
   float state[kParts] = {};
   uint16_t in[kParts][3] = {};
   const auto load_in = [&](int n, int q) {
     if (!cell_thread) return;
-    const uint16_t* p = a.in + (static_cast<size_t>(n % kSeq) * kBatch + 8 * (chunk + q) + r) * 3 * kS + col;
+    const uint16_t* p = a.in + (static_cast<size_t>(n % kSeq) * kBatch + 8 * (chunk + q) + r) * 3 * Sr + col;
 #pragma unroll
-    for (int i = 0; i < 3; ++i) in[q][i] = p[i * kS];
+    for (int i = 0; i < 3; ++i) in[q][i] = p[i * Sr];
   };
 #pragma unroll
   for (int q = 0; q < kParts; ++q) load_in(0, q);
@@ -208,18 +231,38 @@ __global__ void __launch_bounds__((kWarps + 2) * 32, 1) step_kernel(Args a) {
     for (int q = 0; q < kParts; ++q) {
       const int p = chunk + q, b = 8 * p + r;  // the chunk's index, the cell's batch row
       const long long c0 = clock64();
-      if (n > 0) mbarrier_wait(full(q), (n - 1) & 1);  // step n - 1's rows of this chunk
+      if (n > 0 && !(V & kBlockWaits))
+        mbarrier_wait(full(q), (n - 1) & 1);  // step n - 1's rows of this chunk
       const long long c1 = clock64();
       const uint16_t* h = buf + q * R * kRows * kRow;
-      float acc[TILES][4] = {};
-#pragma unroll
-      for (int s = 0; s < KW; ++s) {
-        const int kk = (k0 + s) * 16, blk = kk / kS;
-        const uint16_t* hb = h + (blk * kRows + g) * kRow + kk % kS + c2;
+      float sets[kSets][TILES][4] = {};
+      const auto kstep = [&](int s) {  // s a constant once unrolled
+        const int kk = kstep_of(s) * 16, blk = kk / kS;
+        if ((V & kBlockWaits) && n > 0 && s % KWS == 0) mbarrier_wait(block_bar(blk), (n - 1) & 1);
+        const uint16_t* hb = h + (blk * kRows + g) * row + kk % kS + c2;
         const uint32_t b0 = *reinterpret_cast<const uint32_t*>(hb);
         const uint32_t b1 = *reinterpret_cast<const uint32_t*>(hb + 8);
 #pragma unroll
-        for (int m = 0; m < TILES; ++m) mma16816(acc[m], held[s * TILES + m], b0, b1);
+        for (int m = 0; m < TILES; ++m) mma16816(sets[s % kSets][m], held[s * TILES + m], b0, b1);
+      };
+      if (!(V & kRuntimeShape) || ((V & kWholeFirst) && kw == KW)) {
+#pragma unroll
+        for (int s = 0; s < KW; ++s) kstep(s);
+      } else {  // an exit between k steps: each step's B loads wait for its test
+#pragma unroll
+        for (int s = 0; s < KW; ++s) {
+          if (s >= kw) break;
+          kstep(s);
+        }
+      }
+      float (&acc)[TILES][4] = sets[0];
+#pragma unroll
+      for (int h2 = 1; h2 < kSets; ++h2) {
+#pragma unroll
+        for (int m = 0; m < TILES; ++m) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[m][i] += sets[h2][m][i];
+        }
       }
       // D of tile m: lane (g, c2) holds rows g and g + 8, columns (batch rows) c2 and c2 + 1.
       float* pq = partial + q * kWarps * T16 * kPartial;
@@ -242,8 +285,8 @@ __global__ void __launch_bounds__((kWarps + 2) * 32, 1) step_kernel(Args a) {
           return sum;
         };
         if constexpr (R == 1) {  // the LLTM's forward cell
-          const float zi = dot(u) + half_value(in[q][0]), zo = dot(J + u) + half_value(in[q][1]);
-          const float zc = dot(2 * J + u) + half_value(in[q][2]);
+          const float zi = dot(u) + half_value(in[q][0]), zo = dot(Jr + u) + half_value(in[q][1]);
+          const float zc = dot(2 * Jr + u) + half_value(in[q][2]);
           const float gi = 1.f / (1.f + __expf(-zi)), go = 1.f / (1.f + __expf(-zo));
           const float cand = zc > 0.f ? zc : __expf(zc) - 1.f;
           state[q] += gi * cand;
@@ -258,7 +301,7 @@ __global__ void __launch_bounds__((kWarps + 2) * 32, 1) step_kernel(Args a) {
 #pragma unroll
           for (int i = 0; i < R; ++i) {
             const float v = x_value(n + 1, b, i * kS + col) + 0.f * e[i];
-            a.x[(((n + 1) & 1) * R + i) * kBatch * kRow + b * kRow + col] = half_bits(v);
+            a.x[(((n + 1) & 1) * R + i) * kBatch * row + b * row + col] = half_bits(v);
           }
         }
       }
@@ -269,9 +312,9 @@ __global__ void __launch_bounds__((kWarps + 2) * 32, 1) step_kernel(Args a) {
         if (tid == kCompute - 1 && !last) release_add(a.counters + p * kCounterStride);
       }
       if (cell_thread) {
-        uint16_t* o = a.out + (static_cast<size_t>(n % kSeq) * kBatch + b) * 3 * kS + col;
+        uint16_t* o = a.out + (static_cast<size_t>(n % kSeq) * kBatch + b) * 3 * Sr + col;
 #pragma unroll
-        for (int i = 0; i < 3; ++i) o[i * kS] = half_bits(e[i]);
+        for (int i = 0; i < 3; ++i) o[i * Sr] = half_bits(e[i]);
       }
       if (!last) load_in(n + 1, q);
       if constexpr (!kTwoParts) {  // the kernels' leader: poll, then the reload
@@ -281,11 +324,12 @@ __global__ void __launch_bounds__((kWarps + 2) * 32, 1) step_kernel(Args a) {
           }
           async_proxy_fence_global();
           async_proxy_fence_shared();
-          mbarrier_expect(full(0), R * kBlockBytes);
+          if (!(V & kBlockWaits)) mbarrier_expect(full(0), R * kBlockBytes);
           for (int i = 0; i < R; ++i) {
+            const uint32_t bar = (V & kBlockWaits) ? block_bar(i) : full(0);
+            if (V & kBlockWaits) mbarrier_expect(bar, kBlockBytes);
             bulk_copy_to_shared(smem_address(buf + i * kRows * kRow),
-                                a.x + ((((n + 1) & 1) * R + i) * kBatch + 8 * p) * kRow, kBlockBytes,
-                                full(0));
+                                a.x + ((((n + 1) & 1) * R + i) * kBatch + 8 * p) * kRow, kBlockBytes, bar);
           }
         }
       }
@@ -314,7 +358,7 @@ cudaError_t wait_for(cudaError_t launched) {
   return launched != cudaSuccess ? launched : cudaDeviceSynchronize();
 }
 
-template <int R, int J, int TILES, bool kTwoParts>
+template <int R, int J, int TILES, bool kTwoParts, int V = 0>
 void run(const uint16_t* in, uint16_t* out) {
   constexpr int K = R * kS, D = (R == 1 ? 3 : 1) * J, T16 = TILES * 16, G = kS / J;
   constexpr int kParts = kTwoParts ? 2 : 1, ctas = kTwoParts ? G : 2 * G;
@@ -343,14 +387,17 @@ void run(const uint16_t* in, uint16_t* out) {
   a.in = in;
   a.out = out;
   a.steps = kSteps;
+  a.units = J, a.row = kRow, a.state = kS, a.ksteps = K / 16 / kWarps;
   const int smem = 128 + kParts * R * kRows * kRow * 2 + kParts * kWarps * T16 * (kRows + 1) * 4;
   const int smem_launch = smem > 120 * 1024 ? smem : 120 * 1024;  // over half an SM's: one CTA an SM
-  auto kernel = step_kernel<R, J, TILES, kTwoParts>;
+  auto kernel = step_kernel<R, J, TILES, kTwoParts, V>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_launch);
   const int threads = (kWarps + (kTwoParts ? 2 : 0)) * 32;
-  printf(
-      "%s %-9s %3d CTAs, %2d units, %d tiles, %2d held a warp (%3d KB): ", R == 1 ? "forward " : "backward",
-      kTwoParts ? "two parts" : "one part", ctas, J, TILES, TILES * K / 16 / kWarps, smem / 1024);
+  printf("%s %-9s %3d CTAs, %2d units, %d tiles, %2d held a warp (%3d KB)%s%s%s%s: ",
+         R == 1 ? "forward " : "backward", kTwoParts ? "two parts" : "one part", ctas, J, TILES,
+         TILES * K / 16 / kWarps, smem / 1024, (V & kRuntimeShape) ? ", shape at run time" : "",
+         (V & kBlockWaits) ? ", block waits" : "", (V & kFourSets) ? ", four sets" : "",
+         (V & kWholeFirst) ? ", no exit test" : "");
   kernel<<<ctas, threads, smem_launch>>>(a);
   const cudaError_t status = wait_for(cudaGetLastError());
   unsigned long long t[2] = {};
@@ -410,6 +457,20 @@ int main() {
     run<3, 8, 1, true>(in, out);
     run<3, 12, 1, true>(in, out);
     run<3, 16, 1, true>(in, out);  // 48 CTAs, 16 units
+  }
+  // The one-part step with the kernels' features one at a time, then together.
+  for (int round = 0; round < 2; ++round) {
+    run<1, 12, 3, false>(in, out);
+    run<1, 12, 3, false, kRuntimeShape>(in, out);
+    run<3, 12, 1, false>(in, out);
+    run<3, 12, 1, false, kRuntimeShape>(in, out);
+    run<3, 12, 1, false, kBlockWaits>(in, out);
+    run<3, 12, 1, false, kFourSets>(in, out);
+    run<3, 12, 1, false, kBlockWaits | kFourSets>(in, out);
+    run<3, 12, 1, false, kRuntimeShape | kBlockWaits | kFourSets>(in, out);
+    run<1, 12, 3, false, kRuntimeShape | kWholeFirst>(in, out);
+    run<3, 12, 1, false, kRuntimeShape | kWholeFirst>(in, out);
+    run<3, 12, 1, false, kRuntimeShape | kBlockWaits | kFourSets | kWholeFirst>(in, out);
   }
   cudaFree(in);
   cudaFree(out);
