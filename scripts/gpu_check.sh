@@ -40,7 +40,8 @@
 #             sm_90 and run: the grid's and the cluster's exchange protocols alone and the cluster
 #             design's whole LLTM step at FlashRNN's point (ns a step; every reload checked);
 #             scripts/grid_step_probe.cu: the grid path's whole step there, one part against two
-#             (every gate sum at two steps checked); then scripts/tf32_split_probe.cu: the float32 tile dot's error, lean and cost in five forms
+#             and with the kernels' features one at a time (every gate sum at two steps checked);
+#             then scripts/tf32_split_probe.cu: the float32 tile dot's error, lean and cost in five forms
 #   compile   lltm train --compile against eager (charlm, hidden 256, batch 64, seq 128):
 #             python -m lltm.bench.train_step (steady steps interleaved, the modes' costliest
 #             ops), then two real runs whose summaries give warm-up and steady state apart
