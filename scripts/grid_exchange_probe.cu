@@ -28,7 +28,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -38,10 +37,12 @@
 // The kernels' own PTX (acquire and release, mbarriers, bulk copies, DSMEM
 // stores), so the probe times the instructions the exchange runs.
 #include "../lltm/csrc/cuda/ptx_sync.cuh"
+#include "probe_common.cuh"
 
 namespace {
 
 using namespace lltm::cuda_detail;
+using namespace lltm_probe;
 
 constexpr int kRows = 16, kRow = 776, kCols = 768, kThreads = 256;
 constexpr int kBlockBytes = kRows * kRow * 2;  // the whole matrix, padding columns included
@@ -106,12 +107,6 @@ __device__ __forceinline__ void arm(uint32_t bar, uint32_t bytes) {
 
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint32_t bar) {
   bulk_copy_to_shared(smem_address(dst), src, bytes, bar);
-}
-
-__device__ __forceinline__ unsigned long long timer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 
 // Each band's columns, row by row (bulk copies are contiguous), onto `bar`.
@@ -467,18 +462,7 @@ void free_args(const Args& a) {
 // Launches that failed or reloaded something wrong: the exit status.
 int failures = 0;
 
-// Waits for the launch (and ends the program if it makes no progress in 5
-// s: a protocol that hangs).
-cudaError_t wait_for(cudaError_t launched) {
-  const auto start = std::chrono::steady_clock::now();
-  while (launched == cudaSuccess && cudaStreamQuery(nullptr) == cudaErrorNotReady) {
-    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5)) {
-      printf("no progress in 5 s: a protocol that hangs\n");
-      std::exit(1);
-    }
-  }
-  return launched != cudaSuccess ? launched : cudaDeviceSynchronize();
-}
+constexpr int kHangSeconds = 5;  // a launch without progress for longer: a protocol that hangs
 
 // Launches `kernel` in `clusters` clusters of `size` CTAs of `threads`
 // threads with `smem` bytes of dynamic shared memory, and waits for it.
@@ -497,12 +481,12 @@ cudaError_t launch_in_clusters(Kernel kernel, const A& a, int size, int clusters
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  return wait_for(cudaLaunchKernelEx(&config, kernel, a));
+  return wait_for(cudaLaunchKernelEx(&config, kernel, a), kHangSeconds);
 }
 
 // Waits for the launch, then prints its ns per step and wrong elements.
 cudaError_t finish(cudaError_t launched, const Args& a) {
-  const cudaError_t status = wait_for(launched);
+  const cudaError_t status = wait_for(launched, kHangSeconds);
   unsigned long long t[2] = {};
   unsigned errors = 0;
   cudaMemcpy(t, a.times, 16, cudaMemcpyDeviceToHost);
@@ -553,18 +537,8 @@ struct StepArgs {
   int steps, mode;
 };
 
-// Small exact values: every sum of products below is exact in float.
-__host__ __device__ inline float w_value(int row, int k) {
-  return float((row * 131 + k * 71) % 61 - 30) / 256.f;
-}
+// Small exact values (and w_value's): every sum of products below is exact in float.
 __host__ __device__ inline float h0_value(int r, int k) { return float((r * 37 + k * 13) % 29 - 14) / 64.f; }
-
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Where the step's buffers keep element (row r, column col): the units a
 // CTA are known at compile time here, so the slice layouts cost no division.
@@ -819,9 +793,7 @@ void run(const char* name, const Case& c) {
 
 int main() {
   setvbuf(stdout, nullptr, _IONBF, 0);
-  int devices = 0, major = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess || major < 9) {
+  if (!has_compute_capability(9)) {
     printf(
         "grid_exchange_probe: needs a GPU of compute capability 9.0 or later (clusters, DSMEM, bulk "
         "copies)\n");

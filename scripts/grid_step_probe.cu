@@ -40,7 +40,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -49,10 +48,12 @@
 
 // The kernels' own PTX (acquire and release, mbarriers, bulk copies).
 #include "../lltm/csrc/cuda/ptx_sync.cuh"
+#include "probe_common.cuh"
 
 namespace {
 
 using namespace lltm::cuda_detail;
+using namespace lltm_probe;
 
 constexpr int kS = 768, kRow = 776;    // units; elements an exchanged row (padded as the kernels pad it)
 constexpr int kBatch = 16, kRows = 8;  // batch rows; rows a chunk (a part)
@@ -61,10 +62,7 @@ constexpr int kSteps = 4000, kCheckStep = 1000;
 constexpr int kSeq = 1024;  // the per-step inputs and outputs wrap every kSeq steps (T at FlashRNN's point)
 constexpr int kCounterStride = 32;  // words between counters: a 128-byte line each
 
-// Small exact values: every gate sum below is exact in float.
-__host__ __device__ inline float w_value(int row, int k) {
-  return float((row * 131 + k * 71) % 61 - 30) / 256.f;
-}
+// Small exact values (and w_value's): every gate sum below is exact in float.
 // Element k of batch row b of the rows step n reads (k < R 768; step n
 // writes step n + 1's).
 __host__ __device__ inline float x_value(int n, int b, int k) {
@@ -96,12 +94,6 @@ struct Args {
 //                  of the held ones runs a loop without the exit test.
 constexpr int kRuntimeShape = 1, kBlockWaits = 2, kFourSets = 4, kWholeFirst = 8;
 
-__device__ __forceinline__ unsigned long long timer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 // An mbarrier of `count` arrivals a phase, and one arrival on it (sm_90).
 __device__ __forceinline__ void mbarrier_init_count(uint32_t bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -112,13 +104,6 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
 // The compute warps' own barrier (the producer warps never wait on it).
 __device__ __forceinline__ void compute_barrier() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kWarps * 32) : "memory");
-}
-
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint16_t half_bits(float v) {
@@ -346,18 +331,6 @@ __global__ void __launch_bounds__((kWarps + 2) * 32, 1) step_kernel(Args a) {
 
 int failures = 0;
 
-// Waits for the launch (and ends the program if it makes no progress in 10 s: a hang).
-cudaError_t wait_for(cudaError_t launched) {
-  const auto start = std::chrono::steady_clock::now();
-  while (launched == cudaSuccess && cudaStreamQuery(nullptr) == cudaErrorNotReady) {
-    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(10)) {
-      printf("no progress in 10 s: a protocol that hangs\n");
-      std::exit(1);
-    }
-  }
-  return launched != cudaSuccess ? launched : cudaDeviceSynchronize();
-}
-
 template <int R, int J, int TILES, bool kTwoParts, int V = 0>
 void run(const uint16_t* in, uint16_t* out) {
   constexpr int K = R * kS, D = (R == 1 ? 3 : 1) * J, T16 = TILES * 16, G = kS / J;
@@ -399,7 +372,7 @@ void run(const uint16_t* in, uint16_t* out) {
          (V & kBlockWaits) ? ", block waits" : "", (V & kFourSets) ? ", four sets" : "",
          (V & kWholeFirst) ? ", no exit test" : "");
   kernel<<<ctas, threads, smem_launch>>>(a);
-  const cudaError_t status = wait_for(cudaGetLastError());
+  const cudaError_t status = wait_for(cudaGetLastError(), 10);
   unsigned long long t[2] = {};
   long long cycles[3] = {};
   std::vector<float> got(sums);
@@ -436,9 +409,7 @@ void run(const uint16_t* in, uint16_t* out) {
 
 int main() {
   setvbuf(stdout, nullptr, _IONBF, 0);
-  int devices = 0, major = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess || major < 9) {
+  if (!has_compute_capability(9)) {
     printf("grid_step_probe: needs a GPU of compute capability 9.0 or later (bulk copies, mbarriers)\n");
     return 2;
   }

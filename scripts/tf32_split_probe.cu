@@ -45,7 +45,11 @@
 #include <random>
 #include <vector>
 
+#include "probe_common.cuh"
+
 namespace {
+
+using lltm_probe::has_compute_capability;
 
 enum Variant { kFma, kTf32, k3xTf32, k3xTf32Zero, k3xTf32Fixed };
 const char* const kNames[] = {"fma", "tf32", "3xtf32", "3xtf32-c0", "3xtf32-fx"};
@@ -213,9 +217,7 @@ void run(int K, const float* dA, const float* dB, float* dD, const std::vector<d
 
 int main() {
   setvbuf(stdout, nullptr, _IONBF, 0);
-  int devices = 0, major = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess || major < 8) {
+  if (!has_compute_capability(8)) {
     printf("tf32_split_probe: needs a GPU of compute capability 8.0 or later (TF32 MMA)\n");
     return 2;
   }
