@@ -487,11 +487,9 @@ cudaError_t launch_in_clusters(Kernel kernel, const A& a, int size, int clusters
 // Waits for the launch, then prints its ns per step and wrong elements.
 cudaError_t finish(cudaError_t launched, const Args& a) {
   const cudaError_t status = wait_for(launched, kHangSeconds);
-  unsigned long long t[2] = {};
   unsigned errors = 0;
-  cudaMemcpy(t, a.times, 16, cudaMemcpyDeviceToHost);
   cudaMemcpy(&errors, a.errors, 4, cudaMemcpyDeviceToHost);
-  printf("%7.1f ns/step, %u wrong", double(t[1] - t[0]) / (kSteps - 100), errors);
+  printf("%7.1f ns/step, %u wrong", read_step_clock(a.times, nullptr, kSteps - 100).ns, errors);
   failures += status != cudaSuccess || errors != 0;
   return status;
 }
@@ -706,18 +704,14 @@ void run_step(ClusterMode mode, int clusters, const uint16_t* w) {
   printf("LLTM step, 16 CTAs x %d, %2d warps, %2d of %2d held, %-15s (%3d KB smem): ", clusters, kStepWarps,
          H, kFrags, name[mode], smem / 1024);
   const cudaError_t status = launch_in_clusters(step_probe<KR, H, M>, a, 16, clusters, kStepWarps * 32, smem);
-  unsigned long long t[2] = {};
-  long long cycles[3] = {};
+  const StepClock clock = read_step_clock(a.times, a.cycles, kSteps - 100);
   std::vector<float> got(gates);
-  cudaMemcpy(t, a.times, 16, cudaMemcpyDeviceToHost);
-  cudaMemcpy(cycles, a.cycles, 24, cudaMemcpyDeviceToHost);
   cudaMemcpy(got.data(), a.gates, gates * 4, cudaMemcpyDeviceToHost);
   int wrong = 0;  // every cluster's CTA of rank q against want's rows of rank q
   const std::vector<float>& want = step0_gates();
   for (int e = 0; e < gates; ++e) wrong += !(std::fabs(got[e] - want[e % want.size()]) <= 1e-3f);
-  const int n = kSteps - 100;
-  printf("%7.1f ns/step (cycles: products %lld, cell %lld, exchange %lld), %d wrong gate sums %s\n",
-         double(t[1] - t[0]) / n, cycles[0] / n, cycles[1] / n, cycles[2] / n, wrong,
+  printf("%7.1f ns/step (cycles: products %lld, cell %lld, exchange %lld), %d wrong gate sums %s\n", clock.ns,
+         clock.cycles[0], clock.cycles[1], clock.cycles[2], wrong,
          status == cudaSuccess ? "" : cudaGetErrorString(status));
   failures += status != cudaSuccess || wrong != 0;
   cudaFree(a.gates);

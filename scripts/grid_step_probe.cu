@@ -373,11 +373,8 @@ void run(const uint16_t* in, uint16_t* out) {
          (V & kWholeFirst) ? ", no exit test" : "");
   kernel<<<ctas, threads, smem_launch>>>(a);
   const cudaError_t status = wait_for(cudaGetLastError(), 10);
-  unsigned long long t[2] = {};
-  long long cycles[3] = {};
+  const StepClock clock = read_step_clock(a.times, a.cycles, kSteps - 100);
   std::vector<float> got(sums);
-  cudaMemcpy(t, a.times, 16, cudaMemcpyDeviceToHost);
-  cudaMemcpy(cycles, a.cycles, 24, cudaMemcpyDeviceToHost);
   cudaMemcpy(got.data(), a.sums, sums * 4, cudaMemcpyDeviceToHost);
   int wrong = 0;
   for (int check = 0; check < 2; ++check) {
@@ -392,9 +389,8 @@ void run(const uint16_t* in, uint16_t* out) {
             wrong += !(std::fabs(v - want) <= 1e-3f);
           }
   }
-  const int n = kSteps - 100;
-  printf("%7.1f ns/step (cycles a step: wait %lld, products %lld, cell %lld), %d wrong sums %s\n",
-         double(t[1] - t[0]) / n, cycles[0] / n, cycles[1] / n, cycles[2] / n, wrong,
+  printf("%7.1f ns/step (cycles a step: wait %lld, products %lld, cell %lld), %d wrong sums %s\n", clock.ns,
+         clock.cycles[0], clock.cycles[1], clock.cycles[2], wrong,
          status == cudaSuccess ? "" : cudaGetErrorString(status));
   failures += status != cudaSuccess || wrong != 0;
   cudaFree(w);

@@ -1,6 +1,6 @@
 // What the scripts/ probes share: the global timer, the fp16 MMA they time,
-// the exact test values of W, a launch's wait with a hang guard and the
-// device check. Host and device code only; no torch dependency.
+// the exact test values of W, a launch's wait with a hang guard, the step
+// clocks' readback and the device check. Host and device code only; no torch dependency.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -43,6 +43,21 @@ inline cudaError_t wait_for(cudaError_t launched, int seconds) {
     }
   }
   return launched != cudaSuccess ? launched : cudaDeviceSynchronize();
+}
+
+// A step kernel's clocks, per step over `steps` steps: its global timer's two
+// readings (`times`, ns; the steps between them) and, where `cycles` is not
+// null, one thread's cycles summed over the same steps in three phases.
+struct StepClock {
+  double ns;
+  long long cycles[3];
+};
+inline StepClock read_step_clock(const unsigned long long* times, const long long* cycles, int steps) {
+  unsigned long long t[2] = {};
+  long long c[3] = {};
+  cudaMemcpy(t, times, sizeof t, cudaMemcpyDeviceToHost);
+  if (cycles != nullptr) cudaMemcpy(c, cycles, sizeof c, cudaMemcpyDeviceToHost);
+  return {double(t[1] - t[0]) / steps, {c[0] / steps, c[1] / steps, c[2] / steps}};
 }
 
 // Whether device 0 exists and has compute capability `major`.x or later.
