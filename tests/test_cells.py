@@ -535,8 +535,10 @@ def test_cuda_paths_match_reference(monkeypatch, torch_settings, cell, path, dot
 # of one tile (40/8, 200/16; the GRU's at 768/64, FlashRNN's share: 6 of 6) and of two (200/8, 70/3,
 # 128/4, cluster 128/4: 2 of 2); part held with one tile (the LSTM's 768/64: 4 of 6), two (512/16,
 # 400/16, 400/13: the LSTM's 2 of 4, the GRU's 3 of 4) and with the LSTM's three at 160/4 (1 of 2;
-# the GRU's 2 of 2). B = 40 puts several rows of different lengths in a chunk's B tile (5 on a
-# 132-SM GPU). Forward 768/64: 3 tiles, 6 of 6 k steps held.
+# the GRU's 2 of 2); the one-tile tasks' k steps past the held ones as a run of fixed length: the
+# LSTM's 1 (640/40: 4 of 5), 2 (768/64) and 3 (896/56: 4 of 7), the GRU's 1 (896/56: 6 of 7). B = 40
+# puts several rows of different lengths in a chunk's B tile (5 on a 132-SM GPU). Forward 768/64: 3
+# tiles, 6 of 6 k steps held.
 R, P = "regs", "regs+smem"
 HELD_A = [
     ("grid", 200, 8, 5, (R, R), (R, R)),
@@ -548,6 +550,8 @@ HELD_A = [
     ("grid", 160, 4, 5, (P, P), (R, R)),
     ("grid", 768, 64, 5, (R, P), (R, R)),
     ("grid", 400, 13, 5, (P, P), (P, P)),
+    ("grid", 640, 40, 5, (P, P), (R, R)),
+    ("grid", 896, 56, 5, (P, P), (P, P)),
     ("grid", 512, 16, 40, (P, P), (P, P)),
     ("grid", 200, 16, 40, (R, R), (R, R)),
     ("cluster", 512, 16, 5, (P, P), (P, P)),

@@ -201,6 +201,7 @@ LLTM_HELD_A = [
     ("grid", 160, 4, 5, "regs", "regs"),  # four-tile tasks over four k slices; backward 3 tiles, 2 of 2
     ("grid", 400, 16, 5, "regs+smem", "regs+smem"),  # one tile, 18 of 25 k steps held; backward 3 of 4
     ("grid", 400, 13, 5, "regs+smem", "regs+smem"),  # three tiles, slices of 6 and 7 k steps, 6 held
+    ("grid", 896, 56, 5, "regs+smem", "regs+smem"),  # backward one tile, 6 of 7: a run of one past them
     ("grid", 512, 16, 40, "regs+smem", "regs+smem"),  # five rows of different lengths in the B tile
     ("cluster", 128, 4, 5, "regs", "regs"),
     ("cluster", 512, 16, 5, "regs+smem", "regs+smem"),

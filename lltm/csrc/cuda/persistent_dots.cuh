@@ -595,18 +595,38 @@ __device__ __forceinline__ void mma_dot_held_ms(const MmaOperands& o, int ksteps
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk) held_step(kk);
       // The k steps past the held ones, A from shared memory; k step kk still
-      // goes to set kk % kSets, which is (KS + h) % kSets here.
-      for (int kk = KS; kk < nk; kk += kSets) {
+      // goes to set kk % kSets, which is (KS + h) % kSets here. Fewer than
+      // kSets of them (the LSTM's backward at FlashRNN's point: 2 past the 4
+      // held of each gate segment) run as a run of fixed length, so no k
+      // step's loads wait for an exit test of its own; more keep the loop
+      // (unrolled runs of kSets took ptxas to 255 registers and spills).
+      auto smem_step = [&](int h) {  // h a constant once unrolled
+        uint32_t af[MS][4], bf[1][2];
+        walk.load_b<scalar_t, 1>(bf);
 #pragma unroll
-        for (int h = 0; h < kSets; ++h) {
-          if (kk + h >= nk) break;
-          uint32_t af[MS][4], bf[1][2];
-          walk.load_b<scalar_t, 1>(bf);
+        for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(af[m], m);
 #pragma unroll
-          for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(af[m], m);
+        for (int m = 0; m < MS; ++m) mma_tile<scalar_t>(acc[(KS + h) % kSets][m][0], af[m], bf[0]);
+        walk.next();
+      };
+      auto run = [&](auto n) {
 #pragma unroll
-          for (int m = 0; m < MS; ++m) mma_tile<scalar_t>(acc[(KS + h) % kSets][m][0], af[m], bf[0]);
-          walk.next();
+        for (int h = 0; h < decltype(n)::value; ++h) smem_step(h);
+      };
+      const int left = nk - KS;
+      if (kSets > 1 && left == 1) {
+        run(std::integral_constant<int, 1>{});
+      } else if (kSets > 2 && left == 2) {
+        run(std::integral_constant<int, 2>{});
+      } else if (kSets > 3 && left == 3) {
+        run(std::integral_constant<int, 3>{});
+      } else {
+        for (int kk = KS; kk < nk; kk += kSets) {
+#pragma unroll
+          for (int h = 0; h < kSets; ++h) {
+            if (kk + h >= nk) break;
+            smem_step(h);
+          }
         }
       }
     }
