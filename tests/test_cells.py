@@ -531,14 +531,15 @@ def test_cuda_paths_match_reference(monkeypatch, torch_settings, cell, path, dot
 # five warps idle), cluster 128/4 (4 and 3); part held: grid 512/16 (4 tiles, 4 of 8 k steps held; GRU
 # 3, 6 of 8), 400/16 (one tile, 18 of 25), 160/4 (LSTM 2 tiles, 9 of 10; GRU all held), 400/13 (slices
 # of 6 and 7 k steps: the GRU's 6 held, so three of its four tasks end within them), cluster 512/16.
-# The backward holds 18 / (tiles x gates) k steps of each gate segment's share: all of them in tasks
-# of one tile (40/8, 200/16; the GRU's at 768/64, FlashRNN's share: 6 of 6) and of two (200/8, 70/3,
-# 128/4, cluster 128/4: 2 of 2); part held with one tile (the LSTM's 768/64: 4 of 6), two (512/16,
-# 400/16, 400/13: the LSTM's 2 of 4, the GRU's 3 of 4) and with the LSTM's three at 160/4 (1 of 2;
-# the GRU's 2 of 2); the one-tile tasks' k steps past the held ones as a run of fixed length: the
-# LSTM's 1 (640/40: 4 of 5), 2 (768/64) and 3 (896/56: 4 of 7), the GRU's 1 (896/56: 6 of 7). B = 40
-# puts several rows of different lengths in a chunk's B tile (5 on a 132-SM GPU). Forward 768/64: 3
-# tiles, 6 of 6 k steps held.
+# The backward holds 18 / (tiles x gates) k steps of each gate segment's share, the LSTM's all-held
+# kernels 24 / (tiles x 4): all of them in tasks of one tile (40/8, 200/16; FlashRNN's share at
+# 768/64: 6 of 6, the LSTM's from 24 fragments; the LSTM's 640/40: 5, under its 6), of two (200/8, 70/3,
+# 128/4, cluster 128/4: 2 of 2) and of three (160/4: 2 of 2); part held with one tile (the LSTM's
+# 896/56 and 1024/64: 4 of 7 and of 8) and two (512/16, 400/16, 400/13: the LSTM's 2 of 4, the GRU's
+# 3 of 4); the one-tile tasks' k steps past the held ones as a run of fixed length: the GRU's 1
+# (896/56: 6 of 7) and 2 (1024/64: 6 of 8), the LSTM's 3 (896/56), and its 4 past them (1024/64) as
+# the loop. B = 40 puts several rows of different lengths in a chunk's B tile (5 on a 132-SM GPU).
+# Forward 768/64: 3 tiles, 6 of 6 k steps held.
 R, P = "regs", "regs+smem"
 HELD_A = [
     ("grid", 200, 8, 5, (R, R), (R, R)),
@@ -547,11 +548,12 @@ HELD_A = [
     ("grid", 40, 8, 5, (R, R), (R, R)),
     ("grid", 512, 16, 5, (P, P), (P, P)),
     ("grid", 400, 16, 5, (P, P), (P, P)),
-    ("grid", 160, 4, 5, (P, P), (R, R)),
-    ("grid", 768, 64, 5, (R, P), (R, R)),
+    ("grid", 160, 4, 5, (P, R), (R, R)),
+    ("grid", 768, 64, 5, (R, R), (R, R)),
     ("grid", 400, 13, 5, (P, P), (P, P)),
-    ("grid", 640, 40, 5, (P, P), (R, R)),
+    ("grid", 640, 40, 5, (P, R), (R, R)),
     ("grid", 896, 56, 5, (P, P), (P, P)),
+    ("grid", 1024, 64, 5, (P, P), (P, P)),
     ("grid", 512, 16, 40, (P, P), (P, P)),
     ("grid", 200, 16, 40, (R, R), (R, R)),
     ("cluster", 512, 16, 5, (P, P), (P, P)),

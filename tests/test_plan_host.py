@@ -52,7 +52,8 @@ def test_every_held_split_the_planner_offers_fits(held_plans):
         ("two_b_tiles", 1),
         ("tasks_past_warps", 1),
         ("backward", 0),  # one tile: every k step of each gate segment held
-        ("backward_past_fragments", 1),  # 4 gates: 4 of each segment's 6 k steps
+        ("backward_four_gates", 0),  # 4 gates: 24 fragments, each segment's 6 k steps
+        ("backward_past_fragments", 1),  # 4 gates: 6 of each segment's 8 k steps
         ("backward_part", 0),
         ("backward_segments_past_fragments", 1),  # not a k step of each of 19 segments
         ("backward_tiles_past_fragments", 1),  # 3 tiles a task: 2 of 6 k steps held, not part-held

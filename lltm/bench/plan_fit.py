@@ -106,17 +106,22 @@ def _mma_ksteps(p: Problem) -> int:
     return (p.gates if p.backward else 1) * math.ceil(p.state / kstep)
 
 
-MMA_REG_FRAGMENTS = 18  # seq_plan.h's kMmaRegFragments
+def _reg_fragments(segments: int, part: bool) -> int:
+    """seq_plan.h's mma_reg_fragments: the A fragments a warp of the all-held (or part-held) kernels holds."""
+    return 24 if segments == 4 and not part else 18
 
 
 def _held_share(p: Problem, s: dict) -> float:
     """seq_plan.cpp's mma_held_share: the share of a task's k steps whose A fragments it holds (the
-    backward's: of each gate segment's share)."""
+    backward's: of each gate segment's share; all of them where the all-held kernels' fragments cover it)."""
     if not (s["mma"] and s["wregs"]):
         return 0.0
     segments = p.gates if p.backward else 1
     per_segment = math.ceil(_mma_ksteps(p) // segments / s["ksplit"])
-    return min(1.0, (MMA_REG_FRAGMENTS // (s["mstack"] * segments)) / per_segment)
+    held = _reg_fragments(segments, False) // (s["mstack"] * segments)
+    if held < per_segment:
+        held = _reg_fragments(segments, True) // (s["mstack"] * segments)
+    return min(1.0, held / per_segment)
 
 
 def _mma_dot_cycles(p: Problem, s: dict, k: dict) -> float:

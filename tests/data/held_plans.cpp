@@ -80,14 +80,19 @@ int main() {
   many.ksplit = 9;
   std::printf("refused tasks_past_warps %d\n", !held_split_fits(many, false, 3, 768, 2));
   // The backward holds the first k steps of each gate segment: 6 of a
-  // task's 6 a segment with one tile (FlashRNN's LLTM), 4 of 6 with 4 gates
-  // (its LSTM: part-held), 2 of 6 with 3 tiles.
+  // task's 6 a segment with one tile (FlashRNN's LLTM; its LSTM too, 24
+  // fragments), 4 of 8 with 4 gates in slices of 8 (part-held), 2 of 6 with
+  // 3 tiles.
   Split back = s;
   back.mtiles = back.mstack = 1;
   std::printf("refused backward %d\n", !held_split_fits(back, true, 3, 768, 2));
-  std::printf("refused backward_past_fragments %d\n", !held_split_fits(back, true, 4, 768, 2));
+  std::printf("refused backward_four_gates %d\n", !held_split_fits(back, true, 4, 768, 2));
+  Split back8 = back;
+  back8.ksplit = 6;  // 8 k steps a segment
+  std::printf("refused backward_past_fragments %d\n", !held_split_fits(back8, true, 4, 768, 2));
+  back8.w_part = true;
+  std::printf("refused backward_part %d\n", !held_split_fits(back8, true, 4, 768, 2));
   back.w_part = true;
-  std::printf("refused backward_part %d\n", !held_split_fits(back, true, 4, 768, 2));
   std::printf("refused backward_segments_past_fragments %d\n", !held_split_fits(back, true, 19, 768, 2));
   std::printf("refused backward_tiles_past_fragments %d\n", !held_split_fits(s, true, 3, 768, 2));
   std::printf("refused float %d\n", !held_split_fits(s, false, 3, 768, 4));

@@ -506,12 +506,13 @@ __device__ __forceinline__ void mma_dot(const mma_storage_t<scalar_t>* a, const 
 // (G = 1); the backward's are G gate segments, walked segment by segment
 // (mma_dot_tiles' kSegMajor: k steps [lo, hi) of each, before(segment)
 // first, so every warp starts on the first gate block of the reload), and
-// a warp holds the first KS = kMmaRegFragments / (MS G) k steps of its
-// share of every segment. The MMAs and their order are those of
+// a warp holds the first KS = mma_reg_fragments(G, kPart) / (MS G) k steps
+// of its share of every segment (kPart: the part-held kernels'). The MMAs and their order are those of
 // mma_dot_tiles (one tile a task: four sets round the k steps, restarting
 // at each segment) and mma_dot_stacked (MS tiles): the same results bit for
 // bit.
-using HeldA = uint32_t[kMmaRegFragments][4];
+template <int G, bool kPart>
+using HeldA = uint32_t[mma_reg_fragments(G, kPart)][4];
 
 // The number of tasks of the held dot's plan (one B tile).
 __device__ __forceinline__ int held_tasks(int mtiles, int mstack, int ksplit) {
@@ -519,22 +520,22 @@ __device__ __forceinline__ int held_tasks(int mtiles, int mstack, int ksplit) {
 }
 
 // The k steps of each segment's share a task of MS tiles holds.
-template <int MS, int G>
+template <int MS, int G, bool kPart>
 constexpr int held_steps() {
-  return kMmaRegFragments / (MS * G);
+  return mma_reg_fragments(G, kPart) / (MS * G);
 }
 
 // Fragment (segment, tile m, k step kk of the segment's share).
-template <int MS, int G>
+template <int MS, int G, bool kPart>
 constexpr int held_index(int seg, int m, int kk) {
-  return (seg * MS + m) * held_steps<MS, G>() + kk;
+  return (seg * MS + m) * held_steps<MS, G, kPart>() + kk;
 }
 
-template <typename scalar_t, int MS, int G>
+template <typename scalar_t, int MS, int G, bool kPart>
 __device__ __forceinline__ void hold_a_ms(const MmaOperands& o, int ksteps, const WarpTask& first,
-                                          HeldA& held) {
-  static_assert(held_steps<MS, G>() >= 1, "a task of MS tiles holds no k step of each of G segments");
-  constexpr int KS = held_steps<MS, G>();
+                                          HeldA<G, kPart>& held) {
+  static_assert(held_steps<MS, G, kPart>() >= 1, "a task of MS tiles holds no k step of each of G segments");
+  constexpr int KS = held_steps<MS, G, kPart>();
   const int nk = first.hi - first.lo;
 #pragma unroll
   for (int seg = 0; seg < G; ++seg) {
@@ -543,10 +544,25 @@ __device__ __forceinline__ void hold_a_ms(const MmaOperands& o, int ksteps, cons
     for (int kk = 0; kk < KS; ++kk) {
       if (kk >= nk) break;
 #pragma unroll
-      for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(held[held_index<MS, G>(seg, m, kk)], m);
+      for (int m = 0; m < MS; ++m) walk.load_a<scalar_t>(held[held_index<MS, G, kPart>(seg, m, kk)], m);
       walk.next();
     }
   }
+}
+
+// Calls run(std::integral_constant<int, n>) where n is in [I, N] and says
+// whether it did: a run of n k steps, unrolled, with no exit test between
+// them, chosen once by a few branches.
+template <int N, int I = 1, typename Run>
+__device__ __forceinline__ bool run_of(int n, const Run& run) {
+  if constexpr (I <= N) {
+    if (n == I) {
+      run(std::integral_constant<int, I>{});
+      return true;
+    }
+    return run_of<N, I + 1>(n, run);
+  }
+  return false;
 }
 
 // kPart: the task may have k steps past the held ones (a kernel of its
@@ -554,9 +570,9 @@ __device__ __forceinline__ void hold_a_ms(const MmaOperands& o, int ksteps, cons
 // FlashRNN's point, even where every k step was held).
 template <typename scalar_t, int MS, int G, bool kPart, typename Before>
 __device__ __forceinline__ void mma_dot_held_ms(const MmaOperands& o, int ksteps, int mtiles,
-                                                const WarpTask& first, const HeldA& held, float* tile,
-                                                const Before& before) {
-  constexpr int KS = held_steps<MS, G>();
+                                                const WarpTask& first, const HeldA<G, kPart>& held,
+                                                float* tile, const Before& before) {
+  constexpr int KS = held_steps<MS, G, kPart>();
   constexpr int kSets = MS == 1 ? 4 : 1;
   const int nk = first.hi - first.lo;
   float acc[kSets][MS][1][4];  // [set][tile][the one B tile][fragment]
@@ -574,8 +590,12 @@ __device__ __forceinline__ void mma_dot_held_ms(const MmaOperands& o, int ksteps
       walk.load_b<scalar_t, 1>(bf);
 #pragma unroll
       for (int m = 0; m < MS; ++m)
-        mma_tile<scalar_t>(acc[kk % kSets][m][0], held[held_index<MS, G>(seg, m, kk)], bf[0]);
+        mma_tile<scalar_t>(acc[kk % kSets][m][0], held[held_index<MS, G, kPart>(seg, m, kk)], bf[0]);
       walk.next();
+    };
+    auto held_run = [&](auto n) {
+#pragma unroll
+      for (int kk = 0; kk < decltype(n)::value; ++kk) held_step(kk);
     };
     if (nk == KS) {
       // Every held k step (the planner's usual split): no exit test between
@@ -583,23 +603,32 @@ __device__ __forceinline__ void mma_dot_held_ms(const MmaOperands& o, int ksteps
       // the test each step's loads waited for it and the MMAs for the loads
       // (a probe's one-tile backward step at FlashRNN's point: products 950
       // against 488 cycles; docs/benchmarks-history.md, section 59).
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk) held_step(kk);
+      held_run(std::integral_constant<int, KS>{});
     } else if (!kPart || nk < KS) {
+      if constexpr (mma_reg_fragments(G, kPart) > kMmaRegFragments) {
+        // Fewer k steps than held, in the kernels that hold more than
+        // kMmaRegFragments (the LSTM's all-held backward: 6 of each gate
+        // segment): a run of nk, so the shares that 18 held exactly (4 a
+        // segment) keep their loads ahead of their MMAs. The other kernels
+        // keep the loop: more code in the step's path has slowed the
+        // all-held dot before where it never ran (kPart, above), and their
+        // shares are those the fragments were sized for.
+        run_of<KS - 1>(nk, held_run);
+      } else {
 #pragma unroll
-      for (int kk = 0; kk < KS; ++kk) {
-        if (kk >= nk) break;
-        held_step(kk);
+        for (int kk = 0; kk < KS; ++kk) {
+          if (kk >= nk) break;
+          held_step(kk);
+        }
       }
     } else if constexpr (kPart) {
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk) held_step(kk);
+      held_run(std::integral_constant<int, KS>{});
       // The k steps past the held ones, A from shared memory; k step kk still
       // goes to set kk % kSets, which is (KS + h) % kSets here. Fewer than
-      // kSets of them (the LSTM's backward at FlashRNN's point: 2 past the 4
-      // held of each gate segment) run as a run of fixed length, so no k
-      // step's loads wait for an exit test of its own; more keep the loop
-      // (unrolled runs of kSets took ptxas to 255 registers and spills).
+      // kSets of them (the LSTM's backward at S = 896 in groups of 56: 3
+      // past the 4 held of each gate segment) run as a run of fixed length,
+      // so no k step's loads wait for an exit test of its own; more keep the
+      // loop (unrolled runs of kSets took ptxas to 255 registers and spills).
       auto smem_step = [&](int h) {  // h a constant once unrolled
         uint32_t af[MS][4], bf[1][2];
         walk.load_b<scalar_t, 1>(bf);
@@ -609,18 +638,11 @@ __device__ __forceinline__ void mma_dot_held_ms(const MmaOperands& o, int ksteps
         for (int m = 0; m < MS; ++m) mma_tile<scalar_t>(acc[(KS + h) % kSets][m][0], af[m], bf[0]);
         walk.next();
       };
-      auto run = [&](auto n) {
+      auto smem_run = [&](auto n) {
 #pragma unroll
         for (int h = 0; h < decltype(n)::value; ++h) smem_step(h);
       };
-      const int left = nk - KS;
-      if (kSets > 1 && left == 1) {
-        run(std::integral_constant<int, 1>{});
-      } else if (kSets > 2 && left == 2) {
-        run(std::integral_constant<int, 2>{});
-      } else if (kSets > 3 && left == 3) {
-        run(std::integral_constant<int, 3>{});
-      } else {
+      if (!run_of<kSets - 1>(nk - KS, smem_run)) {
         for (int kk = KS; kk < nk; kk += kSets) {
 #pragma unroll
           for (int h = 0; h < kSets; ++h) {
@@ -653,22 +675,22 @@ __device__ __forceinline__ bool holds_task(int mtiles, int mstack, int ksplit) {
 // segments of `seg_rows` rows (forward: one), rows `row` elements apart,
 // k = state; only warps that hold a task call it. Task tiles with no k step
 // of each segment to hold are never planned (seq_plan.cpp's mma_holds_a).
-template <typename scalar_t, int G>
+template <typename scalar_t, int G, bool kPart>
 __device__ __forceinline__ void hold_a(const scalar_t* a, int seg_rows, int row, int state, int mstack,
-                                       const WarpTask& first, HeldA& held) {
+                                       const WarpTask& first, HeldA<G, kPart>& held) {
   const int ksteps = mma_ksteps<scalar_t>(state);
   const MmaOperands o = mma_operands(a, a, seg_rows, row, 0, row);
   const int ms = task_tiles(mstack, 1);
-  if constexpr (held_steps<4, G>() >= 1) {
-    if (ms == 4) return hold_a_ms<scalar_t, 4, G>(o, ksteps, first, held);
+  if constexpr (held_steps<4, G, kPart>() >= 1) {
+    if (ms == 4) return hold_a_ms<scalar_t, 4, G, kPart>(o, ksteps, first, held);
   }
-  if constexpr (held_steps<3, G>() >= 1) {
-    if (ms == 3) return hold_a_ms<scalar_t, 3, G>(o, ksteps, first, held);
+  if constexpr (held_steps<3, G, kPart>() >= 1) {
+    if (ms == 3) return hold_a_ms<scalar_t, 3, G, kPart>(o, ksteps, first, held);
   }
-  if constexpr (held_steps<2, G>() >= 1) {
-    if (ms == 2) return hold_a_ms<scalar_t, 2, G>(o, ksteps, first, held);
+  if constexpr (held_steps<2, G, kPart>() >= 1) {
+    if (ms == 2) return hold_a_ms<scalar_t, 2, G, kPart>(o, ksteps, first, held);
   }
-  hold_a_ms<scalar_t, 1, G>(o, ksteps, first, held);
+  hold_a_ms<scalar_t, 1, G, kPart>(o, ksteps, first, held);
 }
 
 // One step's products of the held fragments and of W_hh's slice `a` past
@@ -678,18 +700,18 @@ __device__ __forceinline__ void hold_a(const scalar_t* a, int seg_rows, int row,
 template <typename scalar_t, int G, bool kPart, typename Before = NoWait>
 __device__ __forceinline__ void mma_dot_held(const scalar_t* a, const scalar_t* b, int seg_rows, int b_seg,
                                              int row, int state, int mtiles, int mstack,
-                                             const WarpTask& first, const HeldA& held, float* tile,
+                                             const WarpTask& first, const HeldA<G, kPart>& held, float* tile,
                                              const Before& before = Before{}) {
   const int ksteps = mma_ksteps<scalar_t>(state);
   const MmaOperands o = mma_operands(a, b, seg_rows, row, b_seg, row);
   const int ms = task_tiles(mstack, 1);
-  if constexpr (held_steps<3, G>() >= 1) {
+  if constexpr (held_steps<3, G, kPart>() >= 1) {
     if (ms == 3) return mma_dot_held_ms<scalar_t, 3, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
   }
-  if constexpr (held_steps<2, G>() >= 1) {
+  if constexpr (held_steps<2, G, kPart>() >= 1) {
     if (ms == 2) return mma_dot_held_ms<scalar_t, 2, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
   }
-  if constexpr (held_steps<4, G>() >= 1) {
+  if constexpr (held_steps<4, G, kPart>() >= 1) {
     if (ms == 4) return mma_dot_held_ms<scalar_t, 4, G, kPart>(o, ksteps, mtiles, first, held, tile, before);
   }
   mma_dot_held_ms<scalar_t, 1, G, kPart>(o, ksteps, mtiles, first, held, tile, before);

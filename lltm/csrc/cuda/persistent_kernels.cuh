@@ -215,11 +215,11 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
   [[maybe_unused]] WarpTask task{};
   if constexpr (kMma) task = warp_task<scalar_t>(1, S, p.mtiles, p.mstack, Bp / 8, p.ksplit);
   ex.start();  // (its barrier also ends the staging of w_s)
-  [[maybe_unused]] HeldA held;
+  [[maybe_unused]] HeldA<1, kHeldPart> held;
   [[maybe_unused]] bool holds = false;
   if constexpr (kHeldA) {
     holds = holds_task(p.mtiles, p.mstack, p.ksplit);
-    if (holds) hold_a<scalar_t, 1>(w_s, 0, row, S, p.mstack, task, held);
+    if (holds) hold_a<scalar_t, 1, kHeldPart>(w_s, 0, row, S, p.mstack, task, held);
   }
   StepClocks clk;
   clk.start();
@@ -521,11 +521,11 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
   [[maybe_unused]] WarpTask task{};  // the MMA dot's (see the forward kernel)
   if constexpr (kMma) task = warp_task<mma_t>(G, S, p.mtiles, p.mstack, Bp / 8, p.ksplit);
   ex.start();  // (its barrier also ends the staging of wt_s)
-  [[maybe_unused]] HeldA held;
+  [[maybe_unused]] HeldA<G, kHeldPart> held;
   [[maybe_unused]] bool holds = false;
   if constexpr (kHeldA) {
     holds = holds_task(p.mtiles, p.mstack, p.ksplit);
-    if (holds) hold_a<scalar_t, G>(wt_s, J, row, S, p.mstack, task, held);
+    if (holds) hold_a<scalar_t, G, kHeldPart>(wt_s, J, row, S, p.mstack, task, held);
   }
   StepClocks clk;
   clk.start();

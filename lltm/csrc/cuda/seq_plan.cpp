@@ -139,10 +139,13 @@ int64_t mma_seg_steps(const Problem& p, const Split& s) {
   return ceil_div(mma_ksteps(p) / mma_segments(p), s.ksplit);
 }
 
-// The k steps of each segment's share a task of mstack tiles holds
-// (kMmaRegFragments of them in all, the first of every segment).
+// The k steps of each segment's share a task of mstack tiles holds (the
+// first of every segment): all of them where the all-held kernels' fragments
+// (mma_reg_fragments) cover them, else the part-held kernels' share.
 int64_t mma_held_steps(const Problem& p, const Split& s) {
-  return kMmaRegFragments / (s.mstack * mma_segments(p));
+  const int segments = static_cast<int>(mma_segments(p));
+  const int64_t all = mma_reg_fragments(segments, false) / (s.mstack * segments);
+  return all >= mma_seg_steps(p, s) ? all : mma_reg_fragments(segments, true) / (s.mstack * segments);
 }
 
 // Whether each warp of an MMA split holds A fragments in registers

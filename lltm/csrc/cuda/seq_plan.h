@@ -37,7 +37,7 @@
 // zero accumulator, added in float32; about the FMA dot's accuracy); accumulation is
 // float in every case; in the forward of a small chunk in half types each
 // warp holds its A fragments in registers (all, or the first k steps:
-// kMmaRegFragments).
+// mma_reg_fragments).
 //
 // LLTM_SEQ_PATH restricts the choice (tests, benchmarks, and the path a GPU
 // without clusters takes: "grid,loop"): a comma-separated subset of
@@ -77,14 +77,19 @@ constexpr int reg_chunks(int gates) { return 24 / gates; }
 // A fragments (4 words a lane each) of W_h's slice one warp of the MMA dot
 // holds in registers for the whole loop (Split::w_regs with the MMA dot: a
 // chunk of at most 8 batch rows in half types, one task a warp; its first
-// kMmaRegFragments / tiles k steps where it has more, w_part; the
-// backward's the first of each gate segment): 72 registers, all of
-// FlashRNN's point's share (forward 3 tiles x 6 k steps at S = 768, groups
-// of 64 CTAs; the LLTM's backward 1 tile x 3 segments x 6 k steps). The
-// LSTM's backward holds 4 of each gate segment's 6 k steps there (16
-// fragments): holding all 24 ran 2% slower, and the LLTM's backward with 4
-// of 6 held 1% slower than with all 6 (docs/benchmarks-history.md, section 49).
+// ones where it has more, w_part; the backward's the first of each gate
+// segment): 18, 72 registers, all of FlashRNN's point's share (forward 3
+// tiles x 6 k steps at S = 768, groups of 64 CTAs; the LLTM's and GRU's
+// backward 1 tile x 3 segments x 6 k steps). A backward of four gate
+// segments (the LSTM's) holds 24 where that is all of its share (4 x 6 at
+// FlashRNN's point): with 18 it read 2 of each segment's 6 k steps from
+// shared memory every step. Its part-held kernels keep 18: their k steps
+// past the held ones need the registers (docs/benchmarks-history.md,
+// sections 49 and 62).
 constexpr int kMmaRegFragments = 18;
+constexpr int mma_reg_fragments(int segments, bool part) {
+  return segments == 4 && !part ? 24 : kMmaRegFragments;
+}
 
 // Bytes at the start of a persistent kernel's dynamic shared memory that
 // hold the cluster exchange's two mbarriers (one per buffer parity), or the
@@ -119,7 +124,7 @@ struct Split {
   bool mma = false;
   // W_h's slice in registers for the whole loop: the FMA dot's chunks
   // (w_rows = 0), or each warp's A fragments of the MMA dot (loaded once from
-  // the staged rows; kMmaRegFragments), not read from shared memory each step
+  // the staged rows; mma_reg_fragments), not read from shared memory each step
   bool w_regs = false;
   bool w_part = false;  // MMA: only a task's first k steps held, the rest read from shared memory
   int mtiles = 0;       // 16-row tiles of A
