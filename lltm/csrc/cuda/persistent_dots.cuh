@@ -507,10 +507,10 @@ __device__ __forceinline__ void mma_dot(const mma_storage_t<scalar_t>* a, const 
 // (mma_dot_tiles' kSegMajor: k steps [lo, hi) of each, before(segment)
 // first, so every warp starts on the first gate block of the reload), and
 // a warp holds the first KS = mma_reg_fragments(G, kPart) / (MS G) k steps
-// of its share of every segment (kPart: the part-held kernels'). The MMAs and their order are those of
-// mma_dot_tiles (one tile a task: four sets round the k steps, restarting
-// at each segment) and mma_dot_stacked (MS tiles): the same results bit for
-// bit.
+// of its share of every segment (kPart: the part-held kernels). The MMAs
+// and their order are those of mma_dot_tiles (one tile a task: four sets
+// round the k steps, restarting at each segment) and mma_dot_stacked (MS
+// tiles): the same results bit for bit.
 template <int G, bool kPart>
 using HeldA = uint32_t[mma_reg_fragments(G, kPart)][4];
 
@@ -610,9 +610,10 @@ __device__ __forceinline__ void mma_dot_held_ms(const MmaOperands& o, int ksteps
         // kMmaRegFragments (the LSTM's all-held backward: 6 of each gate
         // segment): a run of nk, so the shares that 18 held exactly (4 a
         // segment) keep their loads ahead of their MMAs. The other kernels
-        // keep the loop: more code in the step's path has slowed the
-        // all-held dot before where it never ran (kPart, above), and their
-        // shares are those the fragments were sized for.
+        // keep the loop, their shares being those 18 were sized for: with
+        // these runs in its kernels too, the LLTM's backward at FlashRNN's
+        // point read 2,901-2,915 µs against 2,816 without them, though they
+        // never ran there (docs/benchmarks-history.md, section 62).
         run_of<KS - 1>(nk, held_run);
       } else {
 #pragma unroll
