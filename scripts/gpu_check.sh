@@ -199,9 +199,9 @@ for stage in "${stages[@]}"; do
       ;;
     sanitizecells)
       # the seam's cells in every CUDA time loop: memcheck and racecheck. (racecheck itself fails,
-      # "failed to handle a hardware exception", on the LSTM's part-held fp16 backward of
-      # test_holds_w_in_registers's grid cases, at 249-251 registers a thread and at 235-237;
-      # memcheck passes them.)
+      # "failed to handle a hardware exception", in the LSTM's fp16 backward of
+      # test_holds_w_in_registers's grid cases, part-held at 235-251 registers a thread and all held
+      # at 215; memcheck passes them.)
       # racecheck leaves out the 5x33x8x70 cases (as the sanitize stage, for its pace).
       kcells=${SANITIZE_CELLS_K:-"test_cuda_paths_match_reference and (7x5x3x17 or 3x1x4x1 or 5x33x8x70)"}
       kcellsrace=${SANITIZE_CELLS_RACE_K:-"test_cuda_paths_match_reference and (7x5x3x17 or 3x1x4x1)"}
