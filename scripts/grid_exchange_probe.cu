@@ -7,7 +7,7 @@
 // (sm_90).
 //
 //   nvcc -arch=sm_90 -O3 -std=c++17 -o /tmp/grid_exchange_probe scripts/grid_exchange_probe.cu
-//   /tmp/grid_exchange_probe
+//   /tmp/grid_exchange_probe [tagged]
 //
 // Prints ns per step (CTA 0's global timer over the steps after the first
 // 100) for each protocol, G = 64 and 128, with no work between exchanges and
@@ -23,8 +23,12 @@
 // loading from the others. Then a whole LLTM forward step at FlashRNN's point
 // in 16-CTA clusters (step_probe: W_hh's products from held and staged A
 // fragments, the cell, each exchange), its cycles split into products, cell
-// and exchange, step 0's gate sums checked. Results and what they decided:
-// docs/benchmarks-history.md, sections 50 to 52.
+// and exchange, step 0's gate sums checked. Last, tagged words in L2 (each
+// 8-byte word two or three fp16 columns and the step) reloaded by one bulk
+// copy that every thread validates, repeated until every tag is the step's:
+// no counter, no release fence, the copy engine as the poll (run alone:
+// `grid_exchange_probe tagged`). Results and what they decided:
+// docs/benchmarks-history.md, sections 50 to 52 and 63.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -32,6 +36,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 // The kernels' own PTX (acquire and release, mbarriers, bulk copies, DSMEM
@@ -430,6 +435,95 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_probe(Args a) {
   cluster_barrier();
 }
 
+// Tagged words with a validated copy (no counter, no release fence): every
+// 8-byte word a producer stores (st.relaxed, single-copy atomic) holds `hpw`
+// of its fp16 columns and the step's tag (32 bits beside 2 columns, 16 bits
+// beside 3); a CTA's leader copies the parity's `rows` rows in one bulk copy
+// as soon as the CTA's own words are stored (after `delay` ns), every thread
+// checks the tags of its share of the copied words, and the CTA copies again
+// until every tag is the step's. Then each thread unpacks its words into the
+// rows' usual layout (what the dot would read) and checks a sample of them.
+// No thread polls L2: the copy engine's reads are the poll.
+struct TaggedArgs {
+  unsigned long long* words;  // [2][kRows][kCols / hpw]
+  uint16_t* unused;
+  unsigned* errors;
+  unsigned long long* times;
+  unsigned long long* attempts;  // copies over every CTA and step after the first 100
+  long long* wait_cycles;        // CTA 0's leader: from its own put to the valid copy
+  int steps, work, rows, hpw, delay;
+};
+
+__global__ void __launch_bounds__(kThreads, 1) tagged_probe(TaggedArgs a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned long long* copied = reinterpret_cast<unsigned long long*>(smem + 128);  // [rows][W]
+  const int W = kCols / a.hpw;                                                     // words a row
+  uint16_t* local = reinterpret_cast<uint16_t*>(copied + kRows * (kCols / 2));     // [rows][kRow]
+  const uint32_t bar = smem_address(smem);
+  const int G = gridDim.x, cta = blockIdx.x, tid = threadIdx.x;
+  const int units = kCols / G, wpc = units / a.hpw;  // columns and words a CTA a row
+  const bool leader = tid == kThreads - 1;
+  const uint32_t bytes = a.rows * W * 8;
+  if (tid == 0) mbarrier_init(bar);
+  __syncthreads();
+  unsigned errors = 0, uses = 0;
+  unsigned long long attempts = 0;
+  long long waited = 0;
+  for (int n = 0; n < a.steps; ++n) {
+    if (a.work > 0) {
+      const long long t0 = clock64();
+      while (clock64() - t0 < a.work + cta * 37 % 200) {
+      }
+    }
+    if (n == 100 && cta == 0 && tid == 0) a.times[0] = timer_ns();
+    unsigned long long* x = a.words + (n & 1) * kRows * W;
+    const unsigned long long tag = a.hpw == 2 ? unsigned(n) : unsigned(n) & 0xffffu;
+    if (tid < a.rows * wpc) {  // this thread's word: hpw columns and the tag
+      const int r = tid / wpc, w = cta * wpc + tid % wpc;
+      unsigned long long v = tag << (16 * a.hpw);
+      for (int h = 0; h < a.hpw; ++h) {
+        const int col = w * a.hpw + h;
+        v |= static_cast<unsigned long long>(uint16_t(n * 7 + col / units + r)) << (16 * h);
+      }
+      asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(x + r * W + w), "l"(v) : "memory");
+    }
+    __syncthreads();
+    const long long c0 = clock64();
+    if (a.delay > 0 && leader) __nanosleep(a.delay);
+    for (;;) {
+      if (leader) {
+        async_proxy_fence_global();
+        arm(bar, bytes);
+        bulk_copy(copied, x, bytes, bar);
+      }
+      mbarrier_wait(bar, uses & 1);
+      ++uses;
+      if (n >= 100) ++attempts;
+      bool stale = false;
+      for (int e = tid; e < a.rows * W; e += kThreads) {
+        stale |= (copied[e] >> (16 * a.hpw)) != tag;
+      }
+      if (!__syncthreads_or(stale)) break;
+    }
+    if (leader && n >= 100) waited += clock64() - c0;
+    for (int e = tid; e < a.rows * W; e += kThreads) {  // unpack into the rows' layout
+      const unsigned long long v = copied[e];
+      const int r = e / W, col = e % W * a.hpw;
+      for (int h = 0; h < a.hpw; ++h) local[r * kRow + col + h] = uint16_t(v >> (16 * h));
+    }
+    __syncthreads();
+    for (int e = tid; e < a.rows * kCols; e += kThreads * 7) {
+      const int r = e / kCols, col = e % kCols;
+      if (local[r * kRow + col] != uint16_t(n * 7 + col / units + r)) ++errors;
+    }
+    __syncthreads();  // every read of `copied` and `local` before the next copy
+  }
+  if (cta == 0 && tid == 0) a.times[1] = timer_ns();
+  if (errors) atomicAdd(a.errors, errors);
+  if (leader) atomicAdd(a.attempts, attempts);
+  if (cta == 0 && leader) *a.wait_cycles = waited;
+}
+
 constexpr int kSteps = 4000;
 
 // The device buffers of one launch, zeroed.
@@ -754,6 +848,48 @@ void run_steps() {
   cudaFree(w);
 }
 
+// tagged_probe: G CTAs, `rows` rows, `hpw` columns a word, the first copy `delay` ns after the put.
+void run_tagged(int G, int work, int rows, int hpw, int delay) {
+  TaggedArgs a{};
+  const size_t words = size_t(2) * kRows * (kCols / 2);
+  cudaMalloc(&a.words, words * 8);
+  cudaMalloc(&a.errors, 4);
+  cudaMalloc(&a.times, 16);
+  cudaMalloc(&a.attempts, 8);
+  cudaMalloc(&a.wait_cycles, 8);
+  cudaMemset(a.words, 0xff, words * 8);  // tags no step has
+  cudaMemset(a.errors, 0, 4);
+  cudaMemset(a.attempts, 0, 8);
+  cudaMemset(a.wait_cycles, 0, 8);
+  a.steps = kSteps;
+  a.work = work;
+  a.rows = rows;
+  a.hpw = hpw;
+  a.delay = delay;
+  const int smem = 128 + kRows * (kCols / 2) * 8 + kRows * kRow * 2 + 40 * 1024;  // one CTA an SM
+  cudaFuncSetAttribute(tagged_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  printf("%-34s G=%3d work=%4d rows=%2d hpw=%d delay=%4d: ", "tagged words, validated copy", G, work, rows,
+         hpw, delay);
+  const cudaError_t status =
+      wait_for((tagged_probe<<<G, kThreads, smem>>>(a), cudaGetLastError()), kHangSeconds);
+  unsigned errors = 0;
+  unsigned long long attempts = 0;
+  long long waited = 0;
+  cudaMemcpy(&errors, a.errors, 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(&attempts, a.attempts, 8, cudaMemcpyDeviceToHost);
+  cudaMemcpy(&waited, a.wait_cycles, 8, cudaMemcpyDeviceToHost);
+  const int n = kSteps - 100;
+  printf("%7.1f ns/step, %u wrong; copies a step %.2f, CTA 0's wait %lld cycles %s\n",
+         read_step_clock(a.times, nullptr, n).ns, errors, double(attempts) / n / G, waited / n,
+         status == cudaSuccess ? "" : cudaGetErrorString(status));
+  failures += status != cudaSuccess || errors != 0;
+  cudaFree(a.words);
+  cudaFree(a.errors);
+  cudaFree(a.times);
+  cudaFree(a.attempts);
+  cudaFree(a.wait_cycles);
+}
+
 struct Case {
   int G, work, pollers = 1, stagger = 0, bands = 1, relaxed = 0;
 };
@@ -783,15 +919,34 @@ void run(const char* name, const Case& c) {
   free_args(a);
 }
 
+// The tagged words beside the kernels' protocol, G = 64 and 128, with and without work.
+void run_tagged_all() {
+  for (int G : {64, 128}) {
+    for (int work : {0, 1700}) {
+      run<kCounterCopy>("counter + bulk copy (the kernels')", {G, work});
+      for (int rows : {8, 16}) {
+        for (int hpw : {2, 3}) {
+          for (int delay : {0, 300, 600}) run_tagged(G, work, rows, hpw, delay);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IONBF, 0);
+  const bool tagged_only = argc > 1 && std::string(argv[1]) == "tagged";
   if (!has_compute_capability(9)) {
     printf(
         "grid_exchange_probe: needs a GPU of compute capability 9.0 or later (clusters, DSMEM, bulk "
         "copies)\n");
     return 2;
+  }
+  if (tagged_only) {
+    run_tagged_all();
+    return failures != 0;
   }
   for (int G : {64, 128}) {
     for (int work : {0, 1700}) {
@@ -818,5 +973,6 @@ int main() {
     }
   }
   run_steps();
+  run_tagged_all();
   return failures != 0;
 }

@@ -79,7 +79,7 @@ def test_nvcc_release_and_the_multicast_advisory_flag(tmp_path, monkeypatch, ban
 @pytest.mark.parametrize("name", ["grid_exchange_probe.cu", "grid_step_probe.cu", "tf32_split_probe.cu"])
 def test_probe_compiles(tmp_path, name):
     """The scripts/ probes behind measured decisions (docs/benchmarks-history.md: the grid and
-    cluster exchanges, sections 50-52; the grid step in one part and two, section 59; the
+    cluster exchanges, sections 50-52, and tagged words, section 63; the grid step in one part and two, section 59; the
     split-TF32 dot's error and cost, section 52) still compile for sm_90 with the toolkit's nvcc,
     so a rerun on a GPU does not start with a repair."""
     nvcc = shutil.which("nvcc") or (
