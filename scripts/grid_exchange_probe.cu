@@ -446,7 +446,6 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_probe(Args a) {
 // No thread polls L2: the copy engine's reads are the poll.
 struct TaggedArgs {
   unsigned long long* words;  // [2][kRows][kCols / hpw]
-  uint16_t* unused;
   unsigned* errors;
   unsigned long long* times;
   unsigned long long* attempts;  // copies over every CTA and step after the first 100
