@@ -391,12 +391,12 @@ def _rel_err(a, ref):
 
 
 def _outputs_and_grads(fn, args, lengths=None, seed=3):
-    """(output, h_n, c_n, grad of every argument) under a fixed random loss."""
+    """(output, h_n, c_n, grad of every argument that requires one) under a fixed random loss."""
     gen = torch.Generator().manual_seed(seed)
     out, (h_n, c_n) = fn(*args, lengths=lengths)
     weights = [torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.device, t.dtype) for t in (out, h_n, c_n)]
     loss = sum((t * w).float().sum() for t, w in zip((out, h_n, c_n), weights))
-    leaves = [a for a in args if a is not None]
+    leaves = [a for a in args if a is not None and a.requires_grad]
     return (out, h_n, c_n) + torch.autograd.grad(loss, leaves)
 
 
