@@ -205,8 +205,8 @@ for stage in "${stages[@]}"; do
     sanitizecells)
       # the seam's cells in every CUDA time loop: memcheck and racecheck. racecheck stops with "failed
       # to handle a hardware exception" wherever cuBLAS runs one of its sm_90 GEMMs of some shapes
-      # (plain torch GEMMs too, even with a --kernel-name filter that checks no kernel;
-      # docs/benchmarks-history.md, section 64):
+      # (plain torch GEMMs too, even with a --kernel-name filter that checks no kernel:
+      # scripts/racecheck_cublas_repro.py; docs/benchmarks-history.md, section 64):
       # the held kernels are racechecked in their kernels-only cases, which call no cuBLAS GEMM on
       # the GPU; bf16's too with SANITIZE_CELLS_RACE_K. racecheck leaves out the 5x33x8x70 cases (as
       # the sanitize stage, for its pace): it takes ~12 s a held case (H200).
