@@ -75,9 +75,8 @@ def outputs_and_grads(fn, args, lengths=None, seed=1, inputs_and_weights=True):
     results = [out, *final]
     probes = [torch.rand(r.shape, generator=gen, dtype=torch.float64).to(r) for r in results]
     loss = sum((r * p).sum() for r, p in zip(results, probes))
-    asked = [t for t in leaves if t.requires_grad]
-    grads = iter(torch.autograd.grad(loss, asked, allow_unused=True))
-    grads = [next(grads) if t.requires_grad else None for t in leaves]
+    asked = iter(torch.autograd.grad(loss, [t for t in leaves if t.requires_grad], allow_unused=True))
+    grads = [next(asked) if t.requires_grad else None for t in leaves]
     return [r.detach() for r in results] + [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, leaves)]
 
 
@@ -604,9 +603,8 @@ def test_holds_w_in_registers(monkeypatch, cell, path, S, group, B, lstm_w, gru_
         results[dot] = outputs_and_grads(run(cell, "fused"), low, lengths, inputs_and_weights=full)
     exact = outputs_and_grads(reference(cell), _cpu(args), lengths.cpu(), inputs_and_weights=full)
     # the python backend in the same dtype; kernels-only on the CPU (no cuBLAS: see above)
-    plain = outputs_and_grads(
-        reference(cell), low if full else _cpu(low), lengths if full else lengths.cpu(), inputs_and_weights=full
-    )
+    base, base_lengths = (low, lengths) if full else (_cpu(low), lengths.cpu())
+    plain = outputs_and_grads(reference(cell), base, base_lengths, inputs_and_weights=full)
     for k, (held, smem, e, p) in enumerate(zip(results["mma"], results["mma-smem"], exact, plain)):
         assert torch.isfinite(held).all(), f"result {k}: unwritten or non-finite elements"
         assert torch.equal(held, smem), f"result {k}: held fragments differ from shared memory's"
