@@ -1,5 +1,7 @@
 """Fixtures shared by the LLTM tests."""
 
+import os
+
 import pytest
 import torch
 
@@ -7,6 +9,16 @@ from tests import _state
 
 # `pytester` runs a test file in a pytest of its own (tests/test_state.py).
 pytest_plugins = ["pytester"]
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each of N workers takes 1/N of the cores for torch's intra-op threads
+    (at least one). torch's default, every core in every worker, oversubscribes the machine: the
+    workers' OpenMP threads then spin against each other. A test that needs more sets them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(max(1, cores // workers))
 
 
 @pytest.fixture(autouse=True)

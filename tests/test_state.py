@@ -10,6 +10,9 @@ import pytest
 import torch
 
 INNER_CONFTEST = "from tests.conftest import _torch_state_unchanged, torch_settings  # noqa: F401\n"
+# The inner test file's first lines: its process's own thread count, read before any test runs
+# (this process's may differ: conftest.py divides the cores among pytest-xdist's workers).
+INNER_HEADER = "import torch\n\nTHREADS = torch.get_num_threads()\n\n"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LEAKS = {
@@ -37,12 +40,12 @@ def _check(switch):
         "    assert torch.get_float32_matmul_precision() == 'highest'\n"
         "    assert torch.get_default_dtype() == torch.float32\n"
         "    assert not torch.are_deterministic_algorithms_enabled()\n"
-        f"    assert torch.get_num_threads() == {torch.get_num_threads()}\n"
+        "    assert torch.get_num_threads() == THREADS\n"
     )
 
 
 def test_a_test_that_leaves_a_switch_changed_fails_and_is_undone(inner):
-    body = ["import torch\n"]
+    body = [INNER_HEADER]
     for switch, leak in LEAKS.items():
         body += [f"def test_leaks_{switch}():\n    {leak}\n", _check(switch)]
     inner.makepyfile("\n".join(body))
@@ -56,8 +59,7 @@ def test_a_test_that_leaves_a_switch_changed_fails_and_is_undone(inner):
 
 def test_settings_fixture_restores_what_it_set(inner):
     inner.makepyfile(
-        "import torch\n\n"
-        "def test_sets(torch_settings):\n"
+        INNER_HEADER + "def test_sets(torch_settings):\n"
         "    torch_settings.set(matmul_tf32=True, cudnn_tf32=False, float32_matmul_precision='medium',\n"
         "                       default_dtype=torch.float64, deterministic_algorithms=(True, True))\n"
         "    assert torch.get_float32_matmul_precision() == 'medium'\n"
@@ -71,7 +73,7 @@ def test_new_fp32_precision_api_is_caught_and_undone(inner):
     """TF32 switched on through torch's fp32_precision API makes the legacy getters raise; the guard
     reads that as a change and puts a consistent state back with the legacy setters."""
     inner.makepyfile(
-        "import torch\n\ndef test_leaks():\n    torch.backends.cuda.matmul.fp32_precision = 'tf32'\n\n" + _check("api")
+        INNER_HEADER + "def test_leaks():\n    torch.backends.cuda.matmul.fp32_precision = 'tf32'\n\n" + _check("api")
     )
     result = inner.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, errors=1)
