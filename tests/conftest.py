@@ -12,13 +12,12 @@ pytest_plugins = ["pytester"]
 
 
 def pytest_configure(config):
-    """Under pytest-xdist, each of N workers takes 1/N of the cores for torch's intra-op threads
-    (at least one). torch's default, every core in every worker, oversubscribes the machine: the
-    workers' OpenMP threads then spin against each other. A test that needs more sets them."""
+    """Under pytest-xdist, each of N workers takes 1/N of torch's default intra-op threads (at least
+    one). The default, every core in every worker, oversubscribes the machine: the workers' OpenMP
+    threads then spin against each other. A test that needs more sets them."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        torch.set_num_threads(max(1, cores // workers))
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
 
 
 @pytest.fixture(autouse=True)
