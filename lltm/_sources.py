@@ -101,9 +101,9 @@ def openmp_flags() -> list[str]:
 
 
 def cxx_flags(with_cuda: bool, debug: bool) -> list[str]:
-    # -g0: setuptools puts Python's own CFLAGS, -g among them, before these; debug info of the
-    # kernels' templates costs a quarter of the build's compile time and is not needed but to
-    # debug, which DEBUG=1 builds are for (as torchvision's release builds do)
+    # -g0: setuptools puts Python's own CFLAGS, -g among them, before these; the kernels' debug
+    # info costs a quarter of the build's compile time and only a debugger reads it, which is what
+    # DEBUG=1 builds are for (torchvision's release builds drop it too)
     flags = ["-O0", "-g"] if debug else ["-O3", "-g0"]
     if sys.platform != "win32":
         # torch's vectorised CPU headers carry nvcc's `#pragma unroll` and
