@@ -118,6 +118,9 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
   constexpr bool kFmaRegs = kRegW != 0 && !kMma, kHeldA = kRegW != 0 && kMma,
                  kHeldPart = kHeldA && kRegW == 2;
   static_assert(!kHeldA || NB == 1, "the held A fragments are one row a thread group's");
+  // The grid MMA kernels store step t's results after the exchange's wait, in
+  // the next dot's shadow: in the wait their L2 traffic lengthened the exchange.
+  constexpr bool kLateStores = kMma && !kCluster;
   if (unsupported_here<Exchange<scalar_t>::kClusters, kMma>()) return;
   const Slice s = my_slice(p);
   const int J = p.units, S = p.state, row = p.row, Bp = p.rows_padded;
@@ -331,37 +334,41 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
     }
     clk.mark(2);
     // Only the exchange comes before the arrive; the global stores (read by
-    // no CTA of this launch) follow it.
+    // no CTA of this launch) follow it, after the wait where kLateStores.
     if (!last) ex.arrive(next);
     clk.mark(3);
     if (!last) clk.trace(0);
-    if (grp.working) {
+    auto store_step = [&]() {
+      if (grp.working) {
 #pragma unroll
-      for (int n = 0; n < NB; ++n) {
-        if (!valid[n] || !(grp.stores >> n & 1u)) continue;
-        const int64_t b = s.b0 + grp.r0 + n;
-        scalar_t* sp = p.saved + t * saved_step + at_saved[n];
+        for (int n = 0; n < NB; ++n) {
+          if (!valid[n] || !(grp.stores >> n & 1u)) continue;
+          const int64_t b = s.b0 + grp.r0 + n;
+          scalar_t* sp = p.saved + t * saved_step + at_saved[n];
 #pragma unroll
-        for (int k = 0; k < NV; ++k) sp[k * S] = saved_out[k][n];
-        p.output[t * out_step + at_out[n]] = y_out[n];
-        if (last) {
-          p.state_n[0][b * S + j] = h_out[n];
+          for (int k = 0; k < NV; ++k) sp[k * S] = saved_out[k][n];
+          p.output[t * out_step + at_out[n]] = y_out[n];
+          if (last) {
+            p.state_n[0][b * S + j] = h_out[n];
 #pragma unroll
-          for (int k = 1; k < NS; ++k) p.state_n[k][b * S + j] = static_cast<scalar_t>(carried[k][n]);
+            for (int k = 1; k < NS; ++k) p.state_n[k][b * S + j] = static_cast<scalar_t>(carried[k][n]);
+          }
         }
       }
-    }
+    };
+    if (!kLateStores || last) store_step();
     if (last) break;
     if (grp.working) load_z(t + 1);
     clk.mark(4);
     ex.wait(next, t);  // every slice of h_t is in view(next)
     clk.mark(5);
     clk.trace(1);
+    if constexpr (kLateStores) store_step();  // (timed in the next step's dot)
   }
   clk.trace_report(kCluster ? "forward cluster" : "forward grid", p.group);
   clk.report(kCluster ? "forward cluster" : "forward grid",
-             {"dot", "reduce", "cell+put", "arrive", "stores+loads", "wait"}, p.steps, p.rows, J, p.group,
-             dot_name<kDot, kRegW>());
+             {"dot", "reduce", "cell+put", "arrive", kLateStores ? "loads" : "stores+loads", "wait"}, p.steps,
+             p.rows, J, p.group, dot_name<kDot, kRegW>());
 }
 
 template <typename Cell, typename scalar_t, int NB, DotKind kDot, int kRegW,
@@ -384,6 +391,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
   // held fragments are the first k steps of each segment's share, and the
   // dot from shared memory must add in the same order.
   constexpr bool kBlockWaits = kMma && !kCluster;
+  constexpr bool kLateStores = kBlockWaits;  // after the dot (see the forward kernel)
   // W_hh^T in registers: the FMA dot's chunks, or the MMA dot's A fragments
   // (one B tile; persistent_dots.cuh's hold_a), all or the first of each segment.
   constexpr bool kFmaRegs = kRegW != 0 && !kMma, kHeldA = kRegW != 0 && kMma,
@@ -567,22 +575,25 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
       }
     }
     clk.mark(0);
-    ex.arrive(parity);  // before the global stores: see the forward kernel
+    ex.arrive(parity);  // before the global stores (after the dot where kLateStores): see the forward kernel
     clk.mark(1);
-    if (grp.working) {
+    auto store_step = [&]() {
+      if (grp.working) {
 #pragma unroll
-      for (int n = 0; n < NB; ++n) {
-        if (!valid[n] || !(grp.stores >> n & 1u)) continue;
-        scalar_t* dp = p.dzx + t * zx_step + at_zx[n];
+        for (int n = 0; n < NB; ++n) {
+          if (!valid[n] || !(grp.stores >> n & 1u)) continue;
+          scalar_t* dp = p.dzx + t * zx_step + at_zx[n];
 #pragma unroll
-        for (int i = 0; i < G; ++i) dp[i * S] = dzx_out[i][n];
-        if constexpr (Cell::kSplit) {
-          scalar_t* dq = p.dzh + t * zx_step + at_zx[n];
+          for (int i = 0; i < G; ++i) dp[i * S] = dzx_out[i][n];
+          if constexpr (Cell::kSplit) {
+            scalar_t* dq = p.dzh + t * zx_step + at_zx[n];
 #pragma unroll
-          for (int i = 0; i < G; ++i) dq[i * S] = dzh_out[i][n];
+            for (int i = 0; i < G; ++i) dq[i * S] = dzh_out[i][n];
+          }
         }
       }
-    }
+    };
+    if constexpr (!kLateStores) store_step();
     if (grp.working && t > 0) load_step(t - 1);
     clk.mark(2);
     const int64_t n = p.steps - 1 - t;  // this launch's exchange
@@ -594,7 +605,10 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
       ex.wait(parity, n);  // all of dzh_t is in view(parity)
     }
     clk.mark(3);
-    if (done) break;
+    if (done) {
+      if constexpr (kLateStores) store_step();
+      break;
+    }
 
     // d h_{t-1}[b, j] += sum_g sum_k dzh_t[b, g S + k] W_hh[g S + k, j]
     const scalar_t* x_cur = ex.view(parity);
@@ -612,6 +626,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
                              task, tile, wait_gate);
       }
       __syncthreads();
+      if constexpr (kLateStores) store_step();
       clk.mark(4);
     }
     // The FMA dot runs in every thread, working or not: group_sum takes whole warps.
@@ -685,8 +700,9 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
     clk.mark(5);
   }
   clk.report(kCluster ? "backward cluster" : "backward grid",
-             {"cell+put", "arrive", "stores+loads", "wait", "dot", "reduce"}, p.steps, p.rows, J, p.group,
-             dot_name<kDot, kRegW>());
+             {"cell+put", "arrive", kLateStores ? "loads" : "stores+loads", "wait",
+              kLateStores ? "dot+stores" : "dot", "reduce"},
+             p.steps, p.rows, J, p.group, dot_name<kDot, kRegW>());
   // The gradients of the initial states, and the bias sums of each batch row.
 #pragma unroll
   for (int n = 0; n < NB; ++n) {
