@@ -118,9 +118,9 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
   constexpr bool kFmaRegs = kRegW != 0 && !kMma, kHeldA = kRegW != 0 && kMma,
                  kHeldPart = kHeldA && kRegW == 2;
   static_assert(!kHeldA || NB == 1, "the held A fragments are one row a thread group's");
-  // The grid MMA kernels store step t's results after the exchange's wait, in
+  // The grid kernels store step t's results after the exchange's wait, in
   // the next dot's shadow: in the wait their L2 traffic lengthened the exchange.
-  constexpr bool kLateStores = kMma && !kCluster;
+  constexpr bool kLateStores = !kCluster;
   if (unsupported_here<Exchange<scalar_t>::kClusters, kMma>()) return;
   const Slice s = my_slice(p);
   const int J = p.units, S = p.state, row = p.row, Bp = p.rows_padded;
@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
   // held fragments are the first k steps of each segment's share, and the
   // dot from shared memory must add in the same order.
   constexpr bool kBlockWaits = kMma && !kCluster;
-  constexpr bool kLateStores = kBlockWaits;  // after the dot (see the forward kernel)
+  constexpr bool kLateStores = !kCluster;  // after the dot (see the forward kernel)
   // W_hh^T in registers: the FMA dot's chunks, or the MMA dot's A fragments
   // (one B tile; persistent_dots.cuh's hold_a), all or the first of each segment.
   constexpr bool kFmaRegs = kRegW != 0 && !kMma, kHeldA = kRegW != 0 && kMma,
@@ -668,6 +668,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
 #pragma unroll
         for (int i = 1; i < G; ++i) acc[n] += part[i][n];
       }
+      if constexpr (kLateStores) store_step();
       clk.mark(4);
       group_sum(acc, grp.KS);
     } else {
@@ -687,6 +688,7 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
           }
         }
       }
+      if constexpr (kLateStores) store_step();
       clk.mark(4);
       group_sum(acc, grp.KS);
     }
