@@ -22,8 +22,9 @@ namespace cuda_detail {
 //   put(...)      element (i, b, j) of this CTA's slice (gate i, batch row b,
 //                 column j), written by the one lane of its group that is `mine`
 //   arrive(p)     after the puts (every thread calls it): publishes them;
-//                 the step's global stores follow it (the grid kernels'
-//                 after the wait or the dot: persistent_kernels.cuh)
+//                 the step's global stores follow it (the forward's after
+//                 the wait, the grid backward's after the dot:
+//                 persistent_kernels.cuh)
 //   wait(p, n)    every CTA's puts of exchange n (parity p) are in view(p)
 
 template <typename T>

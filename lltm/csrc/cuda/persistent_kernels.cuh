@@ -118,9 +118,6 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
   constexpr bool kFmaRegs = kRegW != 0 && !kMma, kHeldA = kRegW != 0 && kMma,
                  kHeldPart = kHeldA && kRegW == 2;
   static_assert(!kHeldA || NB == 1, "the held A fragments are one row a thread group's");
-  // The grid kernels store step t's results after the exchange's wait, in
-  // the next dot's shadow: in the wait their L2 traffic lengthened the exchange.
-  constexpr bool kLateStores = !kCluster;
   if (unsupported_here<Exchange<scalar_t>::kClusters, kMma>()) return;
   const Slice s = my_slice(p);
   const int J = p.units, S = p.state, row = p.row, Bp = p.rows_padded;
@@ -333,8 +330,9 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
       }
     }
     clk.mark(2);
-    // Only the exchange comes before the arrive; the global stores (read by
-    // no CTA of this launch) follow it, after the wait where kLateStores.
+    // Only the exchange comes before the arrive. The global stores (read by
+    // no CTA of this launch) follow the wait, in the next dot's shadow: in
+    // the wait their traffic lengthened the exchange, grid and cluster alike.
     if (!last) ex.arrive(next);
     clk.mark(3);
     if (!last) clk.trace(0);
@@ -356,19 +354,21 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
         }
       }
     };
-    if (!kLateStores || last) store_step();
-    if (last) break;
+    if (last) {
+      store_step();
+      break;
+    }
     if (grp.working) load_z(t + 1);
     clk.mark(4);
     ex.wait(next, t);  // every slice of h_t is in view(next)
     clk.mark(5);
     clk.trace(1);
-    if constexpr (kLateStores) store_step();  // (timed in the next step's dot)
+    store_step();  // (timed in the next step's dot)
   }
   clk.trace_report(kCluster ? "forward cluster" : "forward grid", p.group);
   clk.report(kCluster ? "forward cluster" : "forward grid",
-             {"dot", "reduce", "cell+put", "arrive", kLateStores ? "loads" : "stores+loads", "wait"}, p.steps,
-             p.rows, J, p.group, dot_name<kDot, kRegW>());
+             {"dot", "reduce", "cell+put", "arrive", "loads", "wait"}, p.steps, p.rows, J, p.group,
+             dot_name<kDot, kRegW>());
 }
 
 template <typename Cell, typename scalar_t, int NB, DotKind kDot, int kRegW,
@@ -391,7 +391,9 @@ __global__ void __launch_bounds__(kMaxThreads, (kMinCtas<kDot, Exchange<scalar_t
   // held fragments are the first k steps of each segment's share, and the
   // dot from shared memory must add in the same order.
   constexpr bool kBlockWaits = kMma && !kCluster;
-  constexpr bool kLateStores = !kCluster;  // after the dot (see the forward kernel)
+  // The grid kernels store a step's results after the dot (see the forward
+  // kernel); the cluster kernels before their wait, which measured faster there.
+  constexpr bool kLateStores = !kCluster;
   // W_hh^T in registers: the FMA dot's chunks, or the MMA dot's A fragments
   // (one B tile; persistent_dots.cuh's hold_a), all or the first of each segment.
   constexpr bool kFmaRegs = kRegW != 0 && !kMma, kHeldA = kRegW != 0 && kMma,
