@@ -1,8 +1,8 @@
 """Where a step of the persistent sequence kernels goes: the mean cycles of
 each phase of a step (dot products, their reduction, the cell math with the
 exchange's stores, the barrier's two halves, the step's global stores and
-loads; the forward's and the grid backward's stores fall in their dot), read from clock64
-by thread 0 of the first CTA of each launch; and,
+loads; the forward's and the grid backward's stores fall in their dot),
+read from clock64 by thread 0 of the first CTA of each launch; and,
 for the forward kernels, the exchange's trace per batch chunk (the global
 timer of every CTA as it leaves the step's arrive and its wait, over 64
 steps): how far apart the CTAs arrive, and how long the last arrival takes
