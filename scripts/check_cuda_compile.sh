@@ -12,9 +12,11 @@
 # can reject a kernel still runs (the front end on every instantiation, PTX
 # generation, ptxas on the inline assembly of both architectures), in 0.54x
 # the time of the build's -O3 (persistent_lltm_backward.cu, one core: 108 s
-# against 200). --release compiles at the build's levels (the machine code a
+# against 200). --release compiles at the build's -O3 (the machine code a
 # user gets); --resource-usage implies it and prints ptxas's registers /
-# shared memory / spills per kernel. Environment: NVCC (compiler), PYTHON (the python with torch),
+# shared memory / spills per kernel.
+#
+# Environment: NVCC (compiler), PYTHON (the python with torch),
 # JOBS (parallel compiles, default: number of cores), CUDA_ARCH (space-separated
 # architectures, default "80 90"), NVCC_EXTRA (more nvcc flags, e.g.
 # -DLLTM_STEP_CLOCKS for the profiling build),
@@ -30,12 +32,12 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 ARCHS=${CUDA_ARCH:-80 90}
 RESOURCE_USAGE=0
-RELEASE=0
+DEVICE_OPT=1
 files=()
 for arg in "$@"; do
   case "$arg" in
-    --release) RELEASE=1 ;;
-    --resource-usage) RESOURCE_USAGE=1 RELEASE=1 ;;
+    --release) DEVICE_OPT=3 ;;
+    --resource-usage) RESOURCE_USAGE=1 DEVICE_OPT=3 ;;
     *) files+=("$arg") ;;
   esac
 done
@@ -148,7 +150,7 @@ flags=(
   ${NVCC_EXTRA:-}
 )
 for arch in $ARCHS; do flags+=("-gencode=arch=compute_${arch},code=sm_${arch}"); done
-if [ "$RELEASE" = 0 ]; then flags+=(-Xcicc -O1 -Xptxas -O1); fi
+if [ "$DEVICE_OPT" = 1 ]; then flags+=(-Xcicc -O1 -Xptxas -O1); fi  # cicc and ptxas default to -O3
 # As lltm/_sources.py's nvcc_flags: ptxas from 12.8 advises sm_90a for the
 # multicast copies once per kernel.
 release=$("$NVCC" --version | sed -nE 's/.*release ([0-9]+)\.([0-9]+).*/\1 \2/p')
@@ -158,8 +160,7 @@ fi
 if [ "$RESOURCE_USAGE" = 1 ]; then flags+=(--resource-usage); fi
 
 versions="$("$NVCC" --version | tail -1), torch $("$PYTHON" -c 'import torch; print(torch.__version__)')"
-level=$([ "$RELEASE" = 1 ] && echo "device code -O3" || echo "device code -O1")
-echo "check_cuda_compile: $versions, -std=$STD, sm_${ARCHS// /, sm_}, $level"
+echo "check_cuda_compile: $versions, -std=$STD, sm_${ARCHS// /, sm_}, device code -O$DEVICE_OPT"
 export NVCC work
 export FLAGS="${flags[*]}"
 # A file that compiled before with the same content, the same headers, flags
