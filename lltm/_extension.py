@@ -119,6 +119,7 @@ class _JitBuild:
     sources: list[str]
     with_cuda: bool
     debug: bool
+    opt: int  # the C++ -O (LLTM_JIT_OPT)
     build_dir: str
 
     @property
@@ -140,6 +141,7 @@ class _JitBuild:
             sources=_sources.sources(with_cuda),
             with_cuda=with_cuda,
             debug=os.environ.get("DEBUG", "0") == "1",
+            opt=_sources.jit_opt_level(),
             build_dir=cpp_extension._get_build_directory(name, False),
         )
 
@@ -151,7 +153,7 @@ class _JitBuild:
         cpp_extension.load(
             name=self.name,
             sources=self.sources,
-            extra_cflags=_sources.cxx_flags(self.with_cuda, self.debug),
+            extra_cflags=_sources.cxx_flags(self.with_cuda, self.debug, self.opt),
             extra_cuda_cflags=_sources.nvcc_flags(self.debug) if self.with_cuda else None,
             extra_ldflags=_sources.link_flags(),
             with_cuda=self.with_cuda,

@@ -100,11 +100,28 @@ def openmp_flags() -> list[str]:
     return ["-fopenmp"] if sys.platform.startswith("linux") else []
 
 
-def cxx_flags(with_cuda: bool, debug: bool) -> list[str]:
+JIT_OPT_LEVELS = ("0", "1", "2", "3")
+
+
+def jit_opt_level(environ=os.environ) -> int:
+    """The C++ compiler's -O for what is compiled just in time (LLTM_JIT=1 builds and the cells of
+    lltm.cells.define): LLTM_JIT_OPT, default 3 as in the ahead-of-time build. Lower levels compile
+    in a fraction of the time and run the fused CPU kernels slower (docs/cells.md: 36 s and 1.6x
+    at 1, 17 s and 35-50x at 0, against 66 s at 3): for iterating on a cell, and for the tests.
+    The CUDA kernels keep -O3."""
+    value = environ.get("LLTM_JIT_OPT", "3").strip()
+    if value not in JIT_OPT_LEVELS:
+        raise ValueError(
+            f"LLTM_JIT_OPT={value!r}: the C++ optimisation level of just-in-time builds is one of 0, 1, 2, 3"
+        )
+    return int(value)
+
+
+def cxx_flags(with_cuda: bool, debug: bool, opt: int = 3) -> list[str]:
     # -g0: setuptools puts Python's own CFLAGS, -g among them, before these; the kernels' debug
-    # info costs a quarter of the build's compile time and only a debugger reads it, which is what
-    # DEBUG=1 builds are for (torchvision's release builds drop it too)
-    flags = ["-O0", "-g"] if debug else ["-O3", "-g0"]
+    # info costs a quarter of the build's compile time (two fifths at -O0) and only a debugger
+    # reads it, which is what DEBUG=1 builds are for (torchvision's release builds drop it too)
+    flags = ["-O0", "-g"] if debug else [f"-O{opt}", "-g0"]
     if sys.platform != "win32":
         # torch's vectorised CPU headers carry nvcc's `#pragma unroll` and
         # clang's diagnostic pragmas, which -Wall has GCC report at every

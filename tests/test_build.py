@@ -33,6 +33,21 @@ def test_default_cuda_arch_list_covers_every_supported_gpu(monkeypatch):
     assert _sources.default_cuda_arch_list(env) == "9.0"
 
 
+def test_jit_opt_level_is_the_cxx_level_of_just_in_time_builds():
+    """LLTM_JIT_OPT (default 3, as the ahead-of-time build) is the C++ -O of LLTM_JIT=1 builds and of
+    defined cells, without debug info; DEBUG=1 still means -O0 -g; any other value is refused with
+    the variable's name and its choices."""
+    assert _sources.jit_opt_level({}) == 3
+    for level in range(4):
+        assert _sources.jit_opt_level({"LLTM_JIT_OPT": str(level)}) == level
+        assert _sources.cxx_flags(False, False, level)[:2] == [f"-O{level}", "-g0"]
+    assert _sources.cxx_flags(False, False)[:2] == ["-O3", "-g0"]
+    assert _sources.cxx_flags(False, True, 3)[:2] == ["-O0", "-g"]
+    for bad in ("4", "-1", "fast", "O2", ""):
+        with pytest.raises(ValueError, match=r"LLTM_JIT_OPT=.*: .* one of 0, 1, 2, 3"):
+            _sources.jit_opt_level({"LLTM_JIT_OPT": bad})
+
+
 def test_every_source_file_is_built():
     """A CUDA build compiles every .cpp and .cu file under lltm/csrc, a CPU build every one outside the
     CUDA-only places (lltm/csrc/cuda/ and the .cu files), so a new file in a backend's folder cannot be

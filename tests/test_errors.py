@@ -272,6 +272,23 @@ def test_missing_extension_says_how_to_build(monkeypatch):
     assert h.shape == (B, S)
 
 
+def test_bad_jit_opt_level_says_which_variable(monkeypatch):
+    """A just-in-time build asked for with an optimisation level that is not one of 0-3 stops before
+    compiling, with the variable's name in the error."""
+    monkeypatch.setattr(_extension, "_mode", None)
+    monkeypatch.setattr(_extension, "_error", None)
+    monkeypatch.setenv("LLTM_JIT", "1")
+    monkeypatch.setenv("LLTM_JIT_OPT", "max")
+
+    def must_not_compile(self):
+        raise AssertionError("compiled with a bad LLTM_JIT_OPT")
+
+    monkeypatch.setattr(_extension._JitBuild, "compile_and_load", must_not_compile)
+    monkeypatch.setattr(lltm._backends, "_cache", {})
+    with pytest.raises(RuntimeError, match=r"not available \(LLTM_JIT_OPT='max': .* one of 0, 1, 2, 3\)"):
+        functional.lltm_cell(*_args(), backend="aten")
+
+
 @pytest.mark.parametrize(
     "make,error,message",
     [

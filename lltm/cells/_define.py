@@ -405,7 +405,7 @@ def _build(name: str, source: str, cuda: Optional[dict[str, str]], arch: Optiona
     for path in headers:
         with open(path, "rb") as f:
             key.update(f.read())
-    flags = _sources.cxx_flags(False, debug) + ["-I" + _sources.CSRC]
+    flags = _sources.cxx_flags(False, debug, _sources.jit_opt_level()) + ["-I" + _sources.CSRC]
     key.update(" ".join(flags).encode())
     cuda_flags: list[str] = []
     if cuda:
@@ -459,7 +459,7 @@ def cell_sources(cell: "UserCell", arch: str = "90") -> dict[str, tuple[str, lis
     builds them."""
     from lltm import _sources
 
-    cpu = _sources.cxx_flags(False, False) + ["-I" + _sources.CSRC]
+    cpu = _sources.cxx_flags(False, False, _sources.jit_opt_level()) + ["-I" + _sources.CSRC]
     out = {f"{cell.name}.cpp": (cell.source, cpu)}
     for file, text in cell.cuda_sources.items():
         out[file] = (text, [] if file.endswith(".cuh") else _cuda_flags(arch, False))
