@@ -24,6 +24,7 @@ log = logging.getLogger("lltm")
 
 _mode: Optional[str] = None  # "aot" | "jit" once loaded
 _error: Optional[str] = None  # why loading failed, once tried
+_jit_cxx_level: Optional[str] = None  # the just-in-time build's C++ -O ("-O3"; "-O0 -g" with DEBUG=1)
 
 BUILD_HINT = (
     "build it ahead of time with `pip install --no-build-isolation .` "
@@ -193,7 +194,9 @@ def _compile_and_load_once_more_if_refused(build: _JitBuild) -> None:
 def _load_jit() -> None:
     """Compiles (when needed) and loads the just-in-time build, saying once
     whether it compiled or loaded the cached library."""
+    global _jit_cxx_level
     build = _JitBuild.configure()
+    _jit_cxx_level = "-O0 -g" if build.debug else f"-O{build.opt}"
     why = "ignored (LLTM_JIT=1)" if os.environ.get("LLTM_JIT") == "1" else "not found"
     with _BuildLock(build.build_dir) as locked:
         _repair_cache(build, locked)
@@ -291,6 +294,12 @@ def load_error() -> Optional[str]:
 
 def loaded_mode() -> Optional[str]:
     return _mode
+
+
+def jit_cxx_level() -> Optional[str]:
+    """The C++ -O the loaded just-in-time build was compiled at (LLTM_JIT_OPT, or DEBUG=1's
+    "-O0 -g"); None for the ahead-of-time build."""
+    return _jit_cxx_level if _mode == "jit" else None
 
 
 def library_path() -> str:

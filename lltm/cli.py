@@ -24,7 +24,8 @@ def _info(args: argparse.Namespace) -> int:
         info = _extension.build_info()
         built = "C++ and CUDA" if info.get("cuda") == "1" else "C++ only"
         how = "ahead of time (lltm._C)" if mode == "aot" else "just in time (torch.utils.cpp_extension.load)"
-        print(f"build mode: {how}, {built}")
+        level = _extension.jit_cxx_level()  # a low LLTM_JIT_OPT runs the CPU kernels many times slower
+        print(f"build mode: {how}, {built}" + (f", C++ {level}" if level else ""))
         if info.get("cuda") == "1":
             print(f"extension CUDA archs (__CUDA_ARCH_LIST__): {info.get('arch', '?')}")
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -34,6 +34,8 @@ SCRIPT = textwrap.dedent(
     assert torch.autograd.gradcheck(lambda *a: functional.lltm_cell(*a, backend="aten"), args)
     functional.lltm_cell(*args, backend="aten")  # second use: no second build message
     print("mode", _extension.loaded_mode())
+    from lltm import cli
+    cli.main(["info"])
     """
 )
 
@@ -55,6 +57,8 @@ def _run(tmp_path, timeout=1200):
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "mode jit" in proc.stdout
+    # `lltm info` names the level, which decides the CPU kernels' speed
+    assert "build mode: just in time (torch.utils.cpp_extension.load), C++ only, C++ -O0\n" in proc.stdout
     return [line for line in proc.stderr.splitlines() if line.startswith("lltm:")]
 
 
