@@ -518,7 +518,8 @@ def define(
     (B, S) tensors); it is the "python" backend and what lltm.cells.check compares with.
     build=True: compiles the CPU and ATen operators and, where a GPU, torch with CUDA and a CUDA
     toolkit (nvcc) are there and the cell carries at most 2 states, the fused CUDA kernels, for
-    this GPU's architecture only (once: about a minute on 16 cores; cached). build="cpu": no CUDA
+    this GPU's architecture only (once: about a minute on 16 cores; cached; LLTM_JIT_OPT=1 or 0
+    compiles the C++ in about a half or a quarter of the time, docs/cells.md). build="cpu": no CUDA
     kernels (on a GPU the ATen backend runs the cell). build=False: no compilation
     (backend="python" only).
 
