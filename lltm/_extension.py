@@ -24,7 +24,7 @@ log = logging.getLogger("lltm")
 
 _mode: Optional[str] = None  # "aot" | "jit" once loaded
 _error: Optional[str] = None  # why loading failed, once tried
-_jit_cxx_level: Optional[str] = None  # the just-in-time build's C++ -O ("-O3"; "-O0 -g" with DEBUG=1)
+_jit_build: Optional[_JitBuild] = None  # the just-in-time build this process configured, once tried
 
 BUILD_HINT = (
     "build it ahead of time with `pip install --no-build-isolation .` "
@@ -194,9 +194,8 @@ def _compile_and_load_once_more_if_refused(build: _JitBuild) -> None:
 def _load_jit() -> None:
     """Compiles (when needed) and loads the just-in-time build, saying once
     whether it compiled or loaded the cached library."""
-    global _jit_cxx_level
-    build = _JitBuild.configure()
-    _jit_cxx_level = "-O0 -g" if build.debug else f"-O{build.opt}"
+    global _jit_build
+    build = _jit_build = _JitBuild.configure()
     why = "ignored (LLTM_JIT=1)" if os.environ.get("LLTM_JIT") == "1" else "not found"
     with _BuildLock(build.build_dir) as locked:
         _repair_cache(build, locked)
@@ -299,7 +298,9 @@ def loaded_mode() -> Optional[str]:
 def jit_cxx_level() -> Optional[str]:
     """The C++ -O the loaded just-in-time build was compiled at (LLTM_JIT_OPT, or DEBUG=1's
     "-O0 -g"); None for the ahead-of-time build."""
-    return _jit_cxx_level if _mode == "jit" else None
+    if _mode != "jit":
+        return None
+    return "-O0 -g" if _jit_build.debug else f"-O{_jit_build.opt}"
 
 
 def library_path() -> str:
@@ -310,7 +311,7 @@ def library_path() -> str:
         import lltm._C
 
         return os.path.abspath(lltm._C.__file__)
-    return _JitBuild.configure().library
+    return _jit_build.library
 
 
 def build_info() -> dict[str, str]:

@@ -45,11 +45,10 @@ def _example(name: str):
 @pytest.fixture(scope="module", autouse=True)
 def _cells_compile_at_o0():
     """Before the module's cell fixtures (autouse fixtures come first in their scope)."""
-    patch = pytest.MonkeyPatch()
-    if "LLTM_JIT_OPT" not in os.environ:
-        patch.setenv("LLTM_JIT_OPT", "0")
-    yield
-    patch.undo()
+    with pytest.MonkeyPatch.context() as patch:
+        if "LLTM_JIT_OPT" not in os.environ:
+            patch.setenv("LLTM_JIT_OPT", "0")
+        yield
 
 
 @pytest.fixture(scope="module")

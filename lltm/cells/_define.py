@@ -350,6 +350,13 @@ def _nvcc_version_text() -> str:
     return _nvcc_version
 
 
+def _cpu_flags(debug: bool) -> list[str]:
+    """The host compiler's flags for a cell's C++ source: lltm's own, at LLTM_JIT_OPT's level."""
+    from lltm import _sources
+
+    return _sources.cxx_flags(False, debug, _sources.jit_opt_level()) + ["-I" + _sources.CSRC]
+
+
 def _cuda_flags(arch: str, debug: bool) -> list[str]:
     """nvcc's flags for a cell's CUDA sources: lltm's own, for the one architecture given (its
     cubin only: a cell is built where it runs)."""
@@ -405,7 +412,7 @@ def _build(name: str, source: str, cuda: Optional[dict[str, str]], arch: Optiona
     for path in headers:
         with open(path, "rb") as f:
             key.update(f.read())
-    flags = _sources.cxx_flags(False, debug, _sources.jit_opt_level()) + ["-I" + _sources.CSRC]
+    flags = _cpu_flags(debug)
     key.update(" ".join(flags).encode())
     cuda_flags: list[str] = []
     if cuda:
@@ -457,10 +464,7 @@ def cell_sources(cell: "UserCell", arch: str = "90") -> dict[str, tuple[str, lis
     beyond torch's own: lltm's, the include folder, and for the CUDA files the architecture
     `arch`). For reading and for compiling by hand (scripts/cell_sources.py); define() itself
     builds them."""
-    from lltm import _sources
-
-    cpu = _sources.cxx_flags(False, False, _sources.jit_opt_level()) + ["-I" + _sources.CSRC]
-    out = {f"{cell.name}.cpp": (cell.source, cpu)}
+    out = {f"{cell.name}.cpp": (cell.source, _cpu_flags(False))}
     for file, text in cell.cuda_sources.items():
         out[file] = (text, [] if file.endswith(".cuh") else _cuda_flags(arch, False))
     return out
