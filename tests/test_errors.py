@@ -3,6 +3,10 @@ backend; never a crash or silent garbage."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -270,6 +274,25 @@ def test_missing_extension_says_how_to_build(monkeypatch):
     assert lltm.backends("cpu") == {"python": True, "aten": False, "fused": False}
     h, c = functional.lltm_cell(*_args(), backend="auto")  # falls back to python
     assert h.shape == (B, S)
+
+
+def test_cell_define_before_a_jit_build_loads_says_how_to_build():
+    """lltm.cells.define(build=...) loads the extension first: with LLTM_JIT=1 `import lltm` loads
+    nothing, and a build that cannot run (here a bad LLTM_JIT_OPT) is the extension's error saying
+    how to build it, not a missing-operator AttributeError."""
+    code = (
+        "import torch, lltm\n"
+        "try:\n"
+        "    lltm.cells.define('no_extension', gates=1, states=('h',), forward='next[0] = zx[0];',\n"
+        "                      backward='dzx[0] = dnext[0];', reference=lambda zx, zh, s: (zx[0],), build='cpu')\n"
+        "except RuntimeError as exc:\n"
+        "    print('RuntimeError:', exc)\n"
+    )
+    env = dict(os.environ, LLTM_JIT="1", LLTM_JIT_OPT="max")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RuntimeError: lltm: the compiled extension is not available (LLTM_JIT_OPT='max'" in proc.stdout
+    assert "build it ahead of time" in proc.stdout
 
 
 def test_bad_jit_opt_level_says_which_variable(monkeypatch):

@@ -393,6 +393,11 @@ def _compile_error(name: str, output: str) -> CellCompileError:
 
 
 def _capability() -> str:
+    """The CPU capability of the fused kernels; loads the extension first (a just-in-time build is
+    not loaded by `import lltm`), or raises its RuntimeError saying how to build it."""
+    from lltm import _extension
+
+    _extension.load()
     return str(torch.ops.lltm._fused_cpu_capability())
 
 
